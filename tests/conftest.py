@@ -1,0 +1,47 @@
+"""Shared fixtures: the tiny model, the real traces, and the check that no engine outlives a test."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+TRACES = REPO.parent / "shared" / "traces"
+AZURE_CONV = TRACES / "azure_conv_2023.csv"
+
+
+def vllm_processes() -> list[psutil.Process]:
+    """Every vLLM server or engine-core process on this machine."""
+    found = []
+    for proc in psutil.process_iter(["name", "cmdline"]):
+        try:
+            cmdline = " ".join(proc.info["cmdline"] or [])
+            if proc.pid != os.getpid() and ("vllm.entrypoints" in cmdline or (proc.info["name"] or "").startswith("VLLM")):
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> Path:
+    from tuner.models import write_tiny_model
+
+    return write_tiny_model(tmp_path_factory.mktemp("models") / "tiny")
+
+
+@pytest.fixture(autouse=True)
+def no_engine_left_behind(request):
+    """After every test that launches vLLM, no vLLM process may remain."""
+    yield
+    if request.node.get_closest_marker("vllm") is None:
+        return
+    deadline = time.monotonic() + 5
+    while vllm_processes() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = vllm_processes()
+    assert not left, f"vLLM processes left behind: {[(p.pid, p.name()) for p in left]}"

@@ -1,0 +1,107 @@
+"""One real trial, end to end, on the tiny model and real vLLM (CPU build): launch, replay, measure, stop."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import psutil
+import pytest
+
+from conftest import AZURE_CONV
+from tuner.traces.selection import TraceSelection, load_trace
+from workers.engine_config import EngineConfig
+from workers.failures import FailureClass
+from workers.replay import Outcome
+from workers.trial import TrialSpec, run_trial
+
+pytestmark = pytest.mark.vllm
+
+MAX_MODEL_LEN = 1024
+# The first 16 requests of the Azure conversation trace, 100 times faster: they arrive together on the server.
+SLICE = TraceSelection(max_requests=16, rate_scale=100.0, fit="clip")
+# An explicit KV budget: vLLM's default memory fraction (0.92) is refused on a small shared machine.
+BASE = dict(max_model_len=MAX_MODEL_LEN, max_num_seqs=16, enforce_eager=True, kv_cache_memory_bytes=268435456)
+
+
+def _trace(selection: TraceSelection = SLICE):
+    return load_trace(AZURE_CONV, selection, MAX_MODEL_LEN)
+
+
+def test_large_kv_budget_serves_every_request_in_full_without_preemption(tiny_model, tmp_path):
+    """Through the CLI, as a user runs it: every request gets exactly its requested output length."""
+    out_dir = tmp_path / "trial"
+    result = subprocess.run(
+        [sys.executable, "-m", "tuner", "trial", "run", "--model", str(tiny_model), "--trace", str(AZURE_CONV),
+         "--max-requests", "16", "--rate-scale", "100", "--fit", "clip",
+         "--set", f"max_model_len={MAX_MODEL_LEN}", "--set", "max_num_seqs=16", "--set", "enforce_eager=true",
+         "--set", "kv_cache_memory_bytes=268435456", "--out", str(out_dir), "--json"],
+        capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    record = json.loads(result.stdout)
+    m = record["measurement"]
+    assert record["failure"] is None
+    assert m["requests"] == 16 and m["completed"] == 16 and m["outcomes"] == {"ok": 16}
+    assert m["preemptions"] == 0 and m["metrics_available"]
+    assert m["actual_output_tokens"] == m["requested_output_tokens"] > 0
+    assert m["ttft_s"]["p95"] > 0 and m["e2e_s"]["p95"] >= m["ttft_s"]["p95"]
+    assert m["running_peak"] >= 2, "the rate-scaled slice should overlap on the server"
+    assert record["hardware"]["accelerator"] == "cpu" and record["vllm_version"] == "0.32.0"
+    assert "--kv-cache-memory-bytes 268435456" in record["serve_command"]
+    rows = list(csv.DictReader(open(out_dir / "requests.csv")))
+    assert len(rows) == 16
+    assert all(int(r["output_tokens"]) == int(r["requested_tokens"]) for r in rows)
+    assert (out_dir / "server.log").stat().st_size > 0
+
+
+def test_small_kv_budget_preempts_the_same_trace(tiny_model, tmp_path):
+    # 24 blocks of 128 tokens: room for about three of these requests at once, sixteen arrive together.
+    config = EngineConfig(**BASE, num_gpu_blocks_override=24)
+    outcome = run_trial(TrialSpec(tiny_model, _trace(), config, tmp_path))
+    m = outcome.record.measurement
+    assert outcome.record.failure is None
+    assert m.preemptions > 0, "a KV cache this small must preempt"
+    assert m.preemptions_per_100 == pytest.approx(100 * m.preemptions / 16)
+    # Preempted requests are recomputed, not dropped: every user still gets every token.
+    assert m.completed == 16
+    assert all(r.output_tokens == r.requested_tokens for r in outcome.requests)
+    assert m.kv_usage_peak > 0.5
+    assert m.waiting_peak > 0
+
+
+def test_max_model_len_beyond_kv_budget_is_kv_insufficient_with_estimate(tiny_model, tmp_path):
+    config = EngineConfig(max_model_len=4096, kv_cache_memory_bytes=2_000_000, enforce_eager=True)
+    outcome = run_trial(TrialSpec(tiny_model, _trace(), config, tmp_path))
+    failure = outcome.record.failure
+    assert failure is not None and failure.kind is FailureClass.KV_INSUFFICIENT
+    assert failure.estimated_max_model_len is not None and 0 < failure.estimated_max_model_len < 4096
+    assert "estimated maximum model length" in failure.log_excerpt
+    assert outcome.record.measurement is None
+    saved = json.loads((tmp_path / "measurement.json").read_text())
+    assert saved["failure"]["kind"] == "kv_insufficient"
+
+
+def test_server_killed_mid_replay_is_engine_died(tiny_model, tmp_path):
+    # At the recorded rate the 16 requests span about 10 s: the server dies with requests still to come.
+    trace = _trace(TraceSelection(max_requests=16, fit="clip"))
+    killed = []
+
+    def kill_server_after_two(record):
+        if len(killed) == 0 and record.outcome is Outcome.OK and record.index >= 1:
+            for child in psutil.Process().children(recursive=True):
+                if "vllm.entrypoints" in " ".join(child.cmdline()):
+                    os.kill(child.pid, signal.SIGKILL)
+                    killed.append(child.pid)
+
+    outcome = run_trial(TrialSpec(tiny_model, trace, EngineConfig(**BASE), tmp_path),
+                        on_request_done=kill_server_after_two)
+    assert killed, "the server was never killed"
+    failure = outcome.record.failure
+    assert failure is not None and failure.kind is FailureClass.ENGINE_DIED
+    m = outcome.record.measurement
+    assert m.requests == 16 and 2 <= m.completed < 16
+    assert m.outcomes.get("not_sent", 0) + m.outcomes.get("disconnected", 0) == 16 - m.completed

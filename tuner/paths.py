@@ -1,0 +1,21 @@
+"""Where tuner keeps what it makes by default, and what it ships."""
+
+from __future__ import annotations
+
+import os
+from importlib import resources
+from pathlib import Path
+
+
+def tuner_home() -> Path:
+    """$TUNER_HOME, else ~/.local/share/tuner."""
+    return Path(os.environ.get("TUNER_HOME") or Path.home() / ".local" / "share" / "tuner")
+
+
+def default_tiny_model() -> Path:
+    return tuner_home() / "models" / "tiny"
+
+
+def bundled_trace() -> Path:
+    """The first 1,000 requests of the Azure 2023 conversation trace (CC-BY 4.0, see ATTRIBUTION.md beside it)."""
+    return Path(str(resources.files("tuner") / "data" / "traces" / "azure_conv_2023_first1000.csv"))

@@ -1,0 +1,56 @@
+"""The normalized trace: what every reader produces and every later step consumes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+# Mooncake publishes prefix ids for blocks of this many tokens.
+PREFIX_BLOCK_TOKENS = 512
+
+
+@dataclass(frozen=True)
+class TraceRequest:
+    """One recorded request: when it arrived and how long it was, in tokens."""
+
+    arrival_s: float  # offset from the first request of the trace, seconds
+    input_tokens: int
+    output_tokens: int
+    # Ids of PREFIX_BLOCK_TOKENS-token prompt blocks; equal ids are identical token blocks.
+    prefix_blocks: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Transformation:
+    """A change applied to the trace as read, kept so that a result says what was replayed."""
+
+    kind: str  # "window", "rate_scale", "max_requests", "fit_clip", "fit_scale", "drop_failed"
+    params: dict[str, Any]
+    affected: int  # requests dropped or changed by this step
+
+    @property
+    def label(self) -> str:
+        """The step as a call, e.g. `window(start_s=0, end_s=60)`."""
+        args = ", ".join(f"{k}={v}" for k, v in self.params.items())
+        return f"{self.kind}({args})"
+
+    def describe(self) -> str:
+        return f"{self.label}: {self.affected} requests affected"
+
+
+@dataclass(frozen=True)
+class Trace:
+    """A recorded request trace, normalized, with its origin and every transformation applied."""
+
+    source: str  # path as given
+    format: str  # "azure", "mooncake", "burstgpt", "native"
+    sha256: str  # of the file's bytes, so a study can tell which trace it ran
+    requests: tuple[TraceRequest, ...]
+    transformations: tuple[Transformation, ...] = field(default_factory=tuple)
+
+    @property
+    def span_s(self) -> float:
+        return self.requests[-1].arrival_s - self.requests[0].arrival_s if self.requests else 0.0
+
+    def with_step(self, requests: tuple[TraceRequest, ...], step: Transformation) -> Trace:
+        return replace(self, requests=requests, transformations=self.transformations + (step,))

@@ -1,0 +1,59 @@
+"""Which part of a recorded trace a trial replays, and how it is reshaped: one record, applied in one order."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from tuner.errors import TunerError
+from tuner.traces.readers import read_trace
+from tuner.traces.records import Trace
+from tuner.traces.transforms import FIT_MODES, cap_requests, fit_to_context, scale_rate, window
+
+
+@dataclass(frozen=True)
+class TraceSelection:
+    window_s: tuple[float, float] | None = None  # [start, end) in seconds from the trace's first request
+    max_requests: int | None = None
+    rate_scale: float | None = None  # 2.0 = twice the recorded rate
+    fit: str | None = None  # "clip" or "scale" to max_model_len; None = replay lengths as recorded
+
+    def __post_init__(self) -> None:
+        if self.fit is not None and self.fit not in FIT_MODES:
+            raise TunerError(f"fit must be one of {', '.join(FIT_MODES)}, got {self.fit!r}")
+        if self.max_requests is not None and self.max_requests < 1:
+            raise TunerError(f"max_requests must be at least 1, got {self.max_requests}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def parse_window(text: str) -> tuple[float, float]:
+    """`START:END` in seconds (either side may be empty: `:600`, `300:`)."""
+    start, sep, end = text.partition(":")
+    try:
+        if not sep:
+            raise ValueError
+        window_s = (float(start) if start.strip() else 0.0, float(end) if end.strip() else float("inf"))
+    except ValueError:
+        raise TunerError(f"window must be START:END in seconds, got {text!r}") from None
+    if window_s[1] <= window_s[0]:
+        raise TunerError(f"window end must be after its start, got {text!r}")
+    return window_s
+
+
+def load_trace(path: str | Path, selection: TraceSelection, max_model_len: int | None = None,
+               format: str | None = None) -> Trace:
+    """Read a trace and apply the selection: window, then cap, then rate, then fit to the context."""
+    trace = read_trace(path, format)
+    if selection.window_s is not None:
+        trace = window(trace, *selection.window_s)
+    if selection.max_requests is not None:
+        trace = cap_requests(trace, selection.max_requests)
+    if selection.rate_scale is not None:
+        trace = scale_rate(trace, selection.rate_scale)
+    if selection.fit is not None:
+        if max_model_len is None:
+            raise TunerError("fitting lengths needs a max_model_len")
+        trace = fit_to_context(trace, max_model_len, selection.fit)
+    return trace

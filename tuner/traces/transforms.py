@@ -1,0 +1,91 @@
+"""Pure transformations of a trace; each returns a new Trace with the step recorded."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+from tuner.errors import TunerError
+from tuner.traces.records import PREFIX_BLOCK_TOKENS, Trace, TraceRequest, Transformation
+
+FIT_MODES = ("clip", "scale")
+
+
+def _apply(trace: Trace, requests: Sequence[TraceRequest], kind: str, params: dict[str, Any], affected: int) -> Trace:
+    step = Transformation(kind, params, affected)
+    if not requests:
+        raise TunerError(f"{step.label} leaves no requests")
+    return trace.with_step(tuple(requests), step)
+
+
+def window(trace: Trace, start_s: float, end_s: float) -> Trace:
+    """Requests with start_s <= arrival < end_s, rebased so that the first kept one arrives at 0."""
+    kept = [r for r in trace.requests if start_s <= r.arrival_s < end_s]
+    origin = kept[0].arrival_s if kept else 0.0
+    rebased = [replace(r, arrival_s=r.arrival_s - origin) for r in kept]
+    params = {"start_s": start_s, "end_s": end_s}
+    return _apply(trace, rebased, "window", params, len(trace.requests) - len(kept))
+
+
+def scale_rate(trace: Trace, factor: float) -> Trace:
+    """Arrivals divided by `factor`: 2 replays the trace at twice its rate."""
+    if not 0 < factor < math.inf:
+        raise TunerError(f"rate scale factor must be a positive number, got {factor}")
+    scaled = [replace(r, arrival_s=r.arrival_s / factor) for r in trace.requests]
+    changed = sum(a.arrival_s != b.arrival_s for a, b in zip(trace.requests, scaled))
+    return _apply(trace, scaled, "rate_scale", {"factor": factor}, changed)
+
+
+def cap_requests(trace: Trace, n: int) -> Trace:
+    """The first n requests."""
+    kept = trace.requests[: max(n, 0)]
+    return _apply(trace, kept, "max_requests", {"n": n}, len(trace.requests) - len(kept))
+
+
+def _resized(request: TraceRequest, input_tokens: int, output_tokens: int) -> TraceRequest:
+    """The request with new lengths, keeping the prefix blocks that still lie (even partly) in the input."""
+    blocks = request.prefix_blocks[: -(-input_tokens // PREFIX_BLOCK_TOKENS)]
+    return replace(request, input_tokens=input_tokens, output_tokens=output_tokens, prefix_blocks=blocks)
+
+
+def _clipped(request: TraceRequest, max_model_len: int) -> TraceRequest:
+    """Fit by shortening the input, keeping the output; if the output alone is too long, 1 input token."""
+    if request.input_tokens + request.output_tokens <= max_model_len:
+        return request
+    if request.output_tokens >= max_model_len:
+        return _resized(request, 1, max_model_len - 1)
+    return _resized(request, max_model_len - request.output_tokens, request.output_tokens)
+
+
+def _scaled(request: TraceRequest, max_model_len: int, longest: int) -> TraceRequest:
+    # Integer floor of length * max_model_len / longest: input and output each round down to at most
+    # their exact share, and a length raised from 0 to 1 was below 1 in that share, so the sum still fits
+    # and no request needs clipping afterwards.
+    input_tokens = max(1, request.input_tokens * max_model_len // longest)
+    output_tokens = max(1, request.output_tokens * max_model_len // longest)
+    return _resized(request, input_tokens, output_tokens)
+
+
+def fit_to_context(trace: Trace, max_model_len: int, mode: str) -> Trace:
+    """Make every request fit input + output <= max_model_len, by clipping the long ones or scaling all."""
+    if max_model_len < 2:
+        raise TunerError(f"max_model_len must be at least 2 (1 input and 1 output token), got {max_model_len}")
+    if mode not in FIT_MODES:
+        raise TunerError(f"unknown fit mode {mode!r}; one of: {', '.join(FIT_MODES)}")
+    params: dict[str, Any] = {"max_model_len": max_model_len, "mode": mode}
+    if mode == "clip":
+        fitted = [_clipped(r, max_model_len) for r in trace.requests]
+    else:
+        longest = max((r.input_tokens + r.output_tokens for r in trace.requests), default=0)
+        if longest > max_model_len:
+            params["factor"] = max_model_len / longest
+            fitted = [_scaled(r, max_model_len, longest) for r in trace.requests]
+        else:
+            params["factor"] = 1.0
+            fitted = list(trace.requests)
+    params["input_tokens_removed"] = sum(a.input_tokens - b.input_tokens for a, b in zip(trace.requests, fitted))
+    params["output_tokens_removed"] = sum(a.output_tokens - b.output_tokens for a, b in zip(trace.requests, fitted))
+    changed = sum(a != b for a, b in zip(trace.requests, fitted))
+    return _apply(trace, fitted, f"fit_{mode}", params, changed)

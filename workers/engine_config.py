@@ -1,0 +1,114 @@
+"""One engine configuration: the vLLM settings a trial tries. Unset fields keep vLLM's own defaults."""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any
+
+from tuner.errors import TunerError
+
+_DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")
+_KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    max_num_seqs: int | None = None
+    gpu_memory_utilization: float | None = None
+    max_model_len: int | None = None
+    dtype: str | None = None
+    max_num_batched_tokens: int | None = None
+    enable_chunked_prefill: bool | None = None
+    enable_prefix_caching: bool | None = None
+    kv_cache_dtype: str | None = None
+    block_size: int | None = None
+    kv_cache_memory_bytes: int | None = None
+    num_gpu_blocks_override: int | None = None
+    enforce_eager: bool | None = None
+    tensor_parallel_size: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_seqs", "max_model_len", "max_num_batched_tokens", "block_size",
+                     "kv_cache_memory_bytes", "num_gpu_blocks_override", "tensor_parallel_size"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise TunerError(f"{name} must be at least 1, got {value}")
+        if self.gpu_memory_utilization is not None and not 0 < self.gpu_memory_utilization <= 1:
+            raise TunerError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.dtype is not None and self.dtype not in _DTYPES:
+            raise TunerError(f"dtype must be one of {', '.join(_DTYPES)}, got {self.dtype!r}")
+        if self.kv_cache_dtype is not None and self.kv_cache_dtype not in _KV_CACHE_DTYPES:
+            raise TunerError(f"kv_cache_dtype must be one of {', '.join(_KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Only the fields that were set: the rest is vLLM's default."""
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+    def cli_args(self) -> list[str]:
+        """The `vllm serve` flags for this configuration, as argv items (never joined into a shell line)."""
+        args: list[str] = []
+        for name, value in self.to_dict().items():
+            flag = "--" + name.replace("_", "-")
+            if isinstance(value, bool):
+                # vLLM's boolean flags take --x / --no-x.
+                args.append(flag if value else "--no-" + flag[2:])
+            else:
+                args += [flag, str(value)]
+        return args
+
+    def serve_command(self, model: str, extra: list[str] | None = None) -> str:
+        """The exact `vllm serve` line a user runs to get this configuration."""
+        return shlex.join(["vllm", "serve", model, *self.cli_args(), *(extra or [])])
+
+    def merged(self, **changes: Any) -> EngineConfig:
+        return replace(self, **changes)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> EngineConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise TunerError(f"unknown engine setting {unknown[0]!r}; known: {', '.join(sorted(known))}")
+        return cls(**{k: _coerce(k, v) for k, v in values.items()})
+
+    @classmethod
+    def from_assignments(cls, items: list[str]) -> EngineConfig:
+        """Parse `name=value` strings as given on a command line (`--set max_num_seqs=8`)."""
+        values: dict[str, Any] = {}
+        for item in items:
+            name, sep, raw = item.partition("=")
+            if not sep or not name.strip():
+                raise TunerError(f"expected NAME=VALUE, got {item!r}")
+            values[name.strip().replace("-", "_")] = raw.strip()
+        return cls.from_dict(values)
+
+
+_FIELD_TYPES = {f.name: f.type for f in fields(EngineConfig)}
+
+
+def _coerce(name: str, value: Any) -> Any:
+    """Turn a command-line or YAML value into the field's type, with a clear error."""
+    if value is None:
+        return None
+    kind = _FIELD_TYPES[name]
+    try:
+        if "bool" in kind:
+            if isinstance(value, bool):
+                return value
+            text = str(value).lower()
+            if text in ("true", "1", "yes", "on"):
+                return True
+            if text in ("false", "0", "no", "off"):
+                return False
+            raise ValueError
+        if "int" in kind:
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+                raise ValueError
+            return int(value)
+        if "float" in kind:
+            return float(value)
+        return str(value)
+    except (TypeError, ValueError):
+        expected = kind.split(" |")[0]
+        raise TunerError(f"{name} expects {expected}, got {value!r}") from None

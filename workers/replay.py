@@ -1,0 +1,229 @@
+"""Open-loop replay of a trace against a running server: each request leaves at its recorded time.
+
+One request function per endpoint (here `/v1/completions`, streaming), one scheduler that never waits for
+what is in flight, and vLLM's metrics sampled beside it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+
+import httpx
+
+from tuner.traces.records import Trace
+from workers.prompts import PromptBuilder
+from workers.server_metrics import MetricsSampler, MetricsSnapshot, TimelineSample, scrape
+
+
+class Outcome(str, Enum):
+    OK = "ok"  # streamed to the end with every requested token
+    TRUNCATED = "truncated"  # finished normally but with fewer tokens than asked
+    HTTP_ERROR = "http_error"  # an error status, or an error event inside the stream
+    TIMEOUT = "timeout"  # not finished within the per-request limit
+    DISCONNECTED = "disconnected"  # connection refused, reset or closed before the stream ended
+    NOT_SENT = "not_sent"  # the engine was gone before this request's time came
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    index: int
+    scheduled_s: float  # offset from the replay's start at which it was due
+    sent_s: float | None  # offset at which it actually went out
+    requested_tokens: int
+    input_tokens: int
+    output_tokens: int
+    outcome: Outcome
+    ttft_s: float | None = None
+    e2e_s: float | None = None
+    itl_mean_s: float | None = None
+    itl_p95_s: float | None = None
+    itl_max_s: float | None = None
+    status_code: int | None = None
+    error: str | None = None
+
+    @property
+    def lateness_s(self) -> float | None:
+        return None if self.sent_s is None else self.sent_s - self.scheduled_s
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data["outcome"] = self.outcome.value
+        return data
+
+
+@dataclass(frozen=True)
+class ReplayRequest:
+    """A trace request made ready to send: its body is serialized before the clock starts."""
+
+    index: int
+    scheduled_s: float
+    input_tokens: int
+    requested_tokens: int
+    body: bytes
+
+
+@dataclass
+class ReplayResult:
+    records: list[RequestRecord]
+    duration_s: float  # first scheduled send to last response
+    metrics_before: MetricsSnapshot | None
+    metrics_after: MetricsSnapshot | None
+    timeline: list[TimelineSample] = field(default_factory=list)
+    engine_lost: bool = False  # the server stopped while requests were due or in flight
+
+
+def prepare_requests(trace: Trace, vocab_size: int, model_name: str, seed: int = 0) -> list[ReplayRequest]:
+    """Bodies for every request: token-id prompts of exact length, exact output length (ignore_eos)."""
+    prompts = PromptBuilder(vocab_size, seed)
+    prepared = []
+    for i, req in enumerate(trace.requests):
+        body = {
+            "model": model_name,
+            "prompt": prompts.token_ids(i, req),
+            "max_tokens": req.output_tokens,
+            "min_tokens": req.output_tokens,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        prepared.append(ReplayRequest(i, req.arrival_s, req.input_tokens, req.output_tokens,
+                                      json.dumps(body, separators=(",", ":")).encode()))
+    return prepared
+
+
+_JSON = {"content-type": "application/json"}
+
+
+def _gap_summary(times: list[float]) -> tuple[float | None, float | None, float | None]:
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    if not gaps:
+        return None, None, None
+    p95 = statistics.quantiles(gaps, n=20, method="inclusive")[-1] if len(gaps) > 1 else gaps[0]
+    return statistics.fmean(gaps), p95, max(gaps)
+
+
+async def send_completion(client: httpx.AsyncClient, url: str, req: ReplayRequest, origin: float,
+                          timeout_s: float) -> RequestRecord:
+    """One streaming /v1/completions request, timed from the moment it goes out."""
+    sent = time.perf_counter()
+    token_times: list[float] = []
+    usage_tokens: int | None = None
+    finished = False
+    status: int | None = None
+    error: str | None = None
+    outcome: Outcome | None = None
+    try:
+        async with asyncio.timeout(timeout_s):
+            async with client.stream("POST", url, content=req.body, headers=_JSON) as response:
+                status = response.status_code
+                if status != 200:
+                    error = (await response.aread()).decode(errors="replace")[:300]
+                    outcome = Outcome.HTTP_ERROR
+                else:
+                    async for line in response.aiter_lines():
+                        if not line.startswith("data: "):
+                            continue
+                        payload = line[6:]
+                        # Substring tests keep the per-chunk cost low; only rare chunks are parsed.
+                        if '"choices":[{' in payload:
+                            token_times.append(time.perf_counter())
+                        elif payload == "[DONE]":
+                            finished = True
+                        elif '"usage"' in payload:
+                            usage_tokens = (json.loads(payload).get("usage") or {}).get("completion_tokens")
+                        elif '"error"' in payload:
+                            error, outcome = payload[:300], Outcome.HTTP_ERROR
+    except (TimeoutError, httpx.TimeoutException):
+        outcome, error = Outcome.TIMEOUT, f"no complete response within {timeout_s:g} s"
+    except httpx.HTTPError as exc:
+        outcome, error = Outcome.DISCONNECTED, f"{exc.__class__.__name__}: {exc}"[:300]
+    end = time.perf_counter()
+    output = usage_tokens if usage_tokens is not None else len(token_times)
+    if outcome is None:
+        if not finished:
+            outcome, error = Outcome.DISCONNECTED, "stream ended without [DONE]"
+        elif output < req.requested_tokens:
+            outcome = Outcome.TRUNCATED
+        else:
+            outcome = Outcome.OK
+    itl_mean, itl_p95, itl_max = _gap_summary(token_times)
+    return RequestRecord(
+        index=req.index, scheduled_s=req.scheduled_s, sent_s=sent - origin, requested_tokens=req.requested_tokens,
+        input_tokens=req.input_tokens, output_tokens=output, outcome=outcome,
+        ttft_s=token_times[0] - sent if token_times else None,
+        e2e_s=end - sent if outcome in (Outcome.OK, Outcome.TRUNCATED) else None,
+        itl_mean_s=itl_mean, itl_p95_s=itl_p95, itl_max_s=itl_max, status_code=status, error=error,
+    )
+
+
+def _not_sent(req: ReplayRequest) -> RequestRecord:
+    return RequestRecord(req.index, req.scheduled_s, None, req.requested_tokens, req.input_tokens, 0,
+                         Outcome.NOT_SENT, error="the engine was gone before this request was due")
+
+
+async def replay(base_url: str, requests: list[ReplayRequest], *, timeout_s: float = 600.0,
+                 engine_alive: Callable[[], bool] | None = None,
+                 on_done: Callable[[RequestRecord], None] | None = None,
+                 sample_interval_s: float = 0.5, collect_metrics: bool = True) -> ReplayResult:
+    """Send every request at its scheduled offset, whatever is in flight, and gather what happened.
+
+    `engine_alive` is polled while replaying: once it says False, the requests not yet due are recorded as
+    not sent and those in flight are left to fail as users would see them fail.
+    """
+    url = f"{base_url}/v1/completions"
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    timeout = httpx.Timeout(timeout_s, connect=30.0)
+    async with httpx.AsyncClient(limits=limits, timeout=timeout) as client, \
+            httpx.AsyncClient(timeout=5.0) as metrics_client:
+        before = await scrape(metrics_client, base_url) if collect_metrics else None
+        sampler = MetricsSampler(metrics_client, base_url, sample_interval_s)
+        origin = time.perf_counter() + 0.05  # a moment to enter the loop before the first send
+        sampler_task = asyncio.create_task(sampler.run(origin)) if collect_metrics else None
+        lost = asyncio.Event()
+
+        async def watch() -> None:
+            while engine_alive is not None and engine_alive():
+                await asyncio.sleep(0.25)
+            if engine_alive is not None:
+                lost.set()
+
+        watcher = asyncio.create_task(watch())
+
+        async def tracked(req: ReplayRequest) -> RequestRecord:
+            record = await send_completion(client, url, req, origin, timeout_s)
+            if on_done is not None:
+                on_done(record)
+            return record
+
+        tasks: list[asyncio.Task[RequestRecord]] = []
+        skipped: list[RequestRecord] = []
+        for req in requests:
+            # Short sleeps, so that a lost engine is noticed within a long gap between requests.
+            while not lost.is_set() and (delay := origin + req.scheduled_s - time.perf_counter()) > 0:
+                await asyncio.sleep(min(delay, 0.25))
+            if lost.is_set():
+                skipped.append(_not_sent(req))
+                continue
+            tasks.append(asyncio.create_task(tracked(req)))
+        records = list(await asyncio.gather(*tasks))
+        duration = time.perf_counter() - origin
+        watcher.cancel()
+        if sampler_task is not None:
+            sampler_task.cancel()
+        after = None
+        if collect_metrics and not lost.is_set():
+            try:
+                after = await scrape(metrics_client, base_url)
+            except httpx.HTTPError:
+                lost.set()
+    for record in skipped:
+        if on_done is not None:
+            on_done(record)
+    records = sorted(records + skipped, key=lambda r: r.index)
+    return ReplayResult(records, duration, before, after, sampler.samples, engine_lost=lost.is_set())
