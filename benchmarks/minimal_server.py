@@ -1,7 +1,8 @@
 """A minimal OpenAI-style streaming server: the fixed point against which the replayer itself is measured.
 
 It streams `max_tokens` chunks `gap_ms` apart with no model behind them, so any lateness or latency seen
-against it belongs to the client. `behaviour` makes it misbehave on purpose, for the replayer's outcome tests:
+against it belongs to the client. A path prefix makes it misbehave on purpose, for the replayer's outcome
+tests (`POST /drop/v1/completions`); `/v1/completions` behaves:
   ok        stream every token, then usage and [DONE]
   error     answer 500 at once
   midstream send half the tokens, then an error event
@@ -22,8 +23,12 @@ from starlette.responses import JSONResponse, PlainTextResponse, StreamingRespon
 from starlette.routing import Route
 
 
-def make_app(behaviour: str = "ok", gap_ms: float = 0.0) -> Starlette:
+BEHAVIOURS = ("ok", "error", "midstream", "drop", "short", "stall")
+
+
+def make_app(gap_ms: float = 0.0) -> Starlette:
     async def completions(request: Request):
+        behaviour = request.path_params.get("behaviour", "ok")
         body = await request.json()
         n = int(body.get("max_tokens", 16))
         if behaviour == "error":
@@ -59,6 +64,7 @@ def make_app(behaviour: str = "ok", gap_ms: float = 0.0) -> Starlette:
         return PlainTextResponse("vllm:num_requests_running{engine=\"0\"} 0.0\n")
 
     return Starlette(routes=[Route("/v1/completions", completions, methods=["POST"]),
+                            Route("/{behaviour}/v1/completions", completions, methods=["POST"]),
                             Route("/health", health), Route("/metrics", metrics)])
 
 
@@ -67,10 +73,9 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--behaviour", default="ok")
     parser.add_argument("--gap-ms", type=float, default=0.0)
     args = parser.parse_args()
-    uvicorn.run(make_app(args.behaviour, args.gap_ms), host="127.0.0.1", port=args.port, log_level="warning")
+    uvicorn.run(make_app(args.gap_ms), host="127.0.0.1", port=args.port, log_level="warning")
 
 
 if __name__ == "__main__":

@@ -39,7 +39,7 @@ _PATTERNS: list[tuple[FailureClass, re.Pattern[str]]] = [
         r"CUDA out of memory|OutOfMemoryError|Cannot allocate memory|MemoryError"
         r"|is less than desired (?:CPU|GPU) memory utilization|Not enough memory")),
     (FailureClass.INVALID_CONFIG, re.compile(
-        r"api_server\.py: error:|: error: argument|ValidationError|ValueError|NotImplementedError"
+        r"api_server\.py: error:|: error: argument|ValidationError|ValueError|Value error, |NotImplementedError"
         r"|is not supported|Unsupported|Invalid value")),
 ]
 

@@ -129,15 +129,21 @@ async def send_completion(client: httpx.AsyncClient, url: str, req: ReplayReques
                     async for line in response.aiter_lines():
                         if not line.startswith("data: "):
                             continue
+                        arrived = time.perf_counter()
                         payload = line[6:]
-                        # Substring tests keep the per-chunk cost low; only rare chunks are parsed.
-                        if '"choices":[{' in payload:
-                            token_times.append(time.perf_counter())
-                        elif payload == "[DONE]":
+                        if payload == "[DONE]":
                             finished = True
-                        elif '"usage"' in payload:
-                            usage_tokens = (json.loads(payload).get("usage") or {}).get("completion_tokens")
-                        elif '"error"' in payload:
+                            continue
+                        try:
+                            chunk = json.loads(payload)
+                        except ValueError:
+                            error, outcome = f"unreadable event: {payload[:200]}", Outcome.HTTP_ERROR
+                            continue
+                        if chunk.get("choices"):
+                            token_times.append(arrived)
+                        if chunk.get("usage"):
+                            usage_tokens = chunk["usage"].get("completion_tokens")
+                        if "error" in chunk:
                             error, outcome = payload[:300], Outcome.HTTP_ERROR
     except (TimeoutError, httpx.TimeoutException):
         outcome, error = Outcome.TIMEOUT, f"no complete response within {timeout_s:g} s"

@@ -1,0 +1,59 @@
+"""Engine settings: parsed from the command line, turned into vLLM flags, refused with a clear reason."""
+
+from __future__ import annotations
+
+import pytest
+
+from tuner.errors import TunerError
+from workers.engine_config import EngineConfig
+from workers.launch import engine_argv
+
+
+def test_assignments_become_typed_fields_and_flags():
+    config = EngineConfig.from_assignments(["max_num_seqs=8", "gpu-memory-utilization=0.5", "enforce_eager=true",
+                                            "enable_prefix_caching=off", "dtype=bfloat16"])
+    assert config == EngineConfig(max_num_seqs=8, gpu_memory_utilization=0.5, enforce_eager=True,
+                                  enable_prefix_caching=False, dtype="bfloat16")
+    assert config.cli_args() == ["--max-num-seqs", "8", "--gpu-memory-utilization", "0.5", "--dtype", "bfloat16",
+                                 "--no-enable-prefix-caching", "--enforce-eager"]
+    assert config.to_dict() == {"max_num_seqs": 8, "gpu_memory_utilization": 0.5, "dtype": "bfloat16",
+                                "enable_prefix_caching": False, "enforce_eager": True}
+
+
+def test_serve_command_quotes_what_a_shell_would_split():
+    config = EngineConfig(max_num_seqs=4)
+    assert config.serve_command("/models/my model") == "vllm serve '/models/my model' --max-num-seqs 4"
+
+
+@pytest.mark.parametrize("items, message", [
+    (["max_num_seqs"], "expected NAME=VALUE"),
+    (["warp_speed=9"], "unknown engine setting 'warp_speed'"),
+    (["max_num_seqs=eight"], "max_num_seqs expects int"),
+    (["max_num_seqs=2.5"], "max_num_seqs expects int"),
+    (["max_num_seqs=0"], "max_num_seqs must be at least 1"),
+    (["gpu_memory_utilization=1.5"], "gpu_memory_utilization must be in (0, 1]"),
+    (["enforce_eager=maybe"], "enforce_eager expects bool"),
+    (["dtype=int4"], "dtype must be one of"),
+    (["kv_cache_dtype=fp3"], "kv_cache_dtype must be one of"),
+    (["dtype=bfloat16; rm -rf /"], "dtype must be one of"),
+])
+def test_bad_settings_are_refused_with_the_reason(items, message):
+    with pytest.raises(TunerError, match=None) as caught:
+        EngineConfig.from_assignments(items)
+    assert message in str(caught.value)
+
+
+def test_argv_is_a_list_with_dummy_weights_for_a_config_only_model(tmp_path):
+    from tuner.models import write_architecture
+
+    folder = write_architecture("llama-3.1-8b", tmp_path / "llama")
+    argv = engine_argv(folder, EngineConfig(max_model_len=4096), 8000, ["--seed", "1"])
+    assert argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    assert ["--load-format", "dummy"] == argv[argv.index("--load-format"):argv.index("--load-format") + 2]
+    assert "--skip-tokenizer-init" in argv
+    assert argv[-2:] == ["--seed", "1"] and ["--max-model-len", "4096"] == argv[argv.index("--max-model-len"):][:2]
+
+
+def test_argv_for_a_model_with_weights_loads_them(tiny_model):
+    argv = engine_argv(tiny_model, EngineConfig(), 8000)
+    assert "--load-format" not in argv and "--skip-tokenizer-init" not in argv

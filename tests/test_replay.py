@@ -1,0 +1,111 @@
+"""The replayer against a minimal local streaming server that misbehaves on purpose (a real vLLM server
+cannot be made to answer 500s or cut a stream on demand): every request ends with its outcome recorded, the
+replayer never crashes, and sends stay on schedule whatever is in flight."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from conftest import REPO
+from tuner.traces.records import Trace, TraceRequest
+from workers.launch import free_port
+from workers.prompts import PromptBuilder
+from workers.replay import Outcome, prepare_requests, replay
+
+
+@pytest.fixture(scope="module")
+def minimal_server():
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, str(REPO / "benchmarks" / "minimal_server.py"), "--port", str(port),
+                             "--gap-ms", "2"])
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/health").status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    yield url
+    proc.terminate()
+    proc.wait(10)
+
+
+def _trace(n: int, gap_s: float = 0.0, output: int = 8) -> Trace:
+    requests = tuple(TraceRequest(i * gap_s, 16, output) for i in range(n))
+    return Trace("synthetic", "native", "0" * 64, requests)
+
+
+@pytest.mark.parametrize("behaviour, outcome", [
+    ("", Outcome.OK),
+    ("error", Outcome.HTTP_ERROR),
+    ("midstream", Outcome.HTTP_ERROR),
+    ("drop", Outcome.DISCONNECTED),
+    ("short", Outcome.TRUNCATED),
+])
+def test_each_server_behaviour_is_recorded_as_its_outcome(minimal_server, behaviour, outcome):
+    base = f"{minimal_server}/{behaviour}" if behaviour else minimal_server
+    result = asyncio.run(replay(base, prepare_requests(_trace(4), 1024, "model"), collect_metrics=False))
+    assert [r.outcome for r in result.records] == [outcome] * 4
+    for r in result.records:
+        if outcome is Outcome.OK:
+            assert r.output_tokens == r.requested_tokens == 8 and r.error is None
+            assert 0 < r.ttft_s <= r.e2e_s and r.itl_mean_s > 0
+        elif outcome is Outcome.TRUNCATED:
+            assert r.output_tokens == 4 and r.e2e_s is not None
+        else:
+            assert r.error and r.e2e_s is None
+    if outcome is Outcome.HTTP_ERROR and behaviour == "error":
+        assert {r.status_code for r in result.records} == {500}
+
+
+def test_a_stalled_stream_times_out_and_later_requests_still_leave_on_time(minimal_server):
+    # Open loop: five requests 0.1 s apart against a server that never finishes any of them.
+    reqs = prepare_requests(_trace(5, gap_s=0.1), 1024, "model")
+    result = asyncio.run(replay(f"{minimal_server}/stall", reqs, timeout_s=1.0, collect_metrics=False))
+    assert [r.outcome for r in result.records] == [Outcome.TIMEOUT] * 5
+    assert [round(r.scheduled_s, 1) for r in result.records] == [0.0, 0.1, 0.2, 0.3, 0.4]
+    assert max(r.lateness_s for r in result.records) < 0.05
+    assert result.duration_s < 2.0, "requests must be in flight together, not one after another"
+
+
+def test_a_lost_engine_leaves_the_remaining_requests_not_sent(minimal_server):
+    reqs = prepare_requests(_trace(6, gap_s=0.3), 1024, "model")
+    started = time.monotonic()
+    result = asyncio.run(replay(minimal_server, reqs, collect_metrics=False,
+                                engine_alive=lambda: time.monotonic() - started < 0.5))
+    outcomes = [r.outcome for r in result.records]
+    assert result.engine_lost
+    assert outcomes[:2] == [Outcome.OK, Outcome.OK] and outcomes[-2:] == [Outcome.NOT_SENT] * 2
+
+
+def test_a_refused_connection_is_disconnected():
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    result = asyncio.run(replay(url, prepare_requests(_trace(2), 1024, "model"), collect_metrics=False))
+    assert {r.outcome for r in result.records} == {Outcome.DISCONNECTED}
+
+
+def test_prompts_have_exact_lengths_and_shared_prefix_blocks_are_identical():
+    builder = PromptBuilder(vocab_size=1024, seed=3)
+    a = builder.token_ids(0, TraceRequest(0.0, 1100, 5, prefix_blocks=(7, 8, 9)))
+    b = builder.token_ids(1, TraceRequest(0.0, 700, 5, prefix_blocks=(7, 11)))
+    c = builder.token_ids(2, TraceRequest(0.0, 600, 5))
+    assert (len(a), len(b), len(c)) == (1100, 700, 600)
+    assert a[:512] == b[:512] and a[512:700] != b[512:700]
+    assert c[:512] != a[:512]
+    assert all(10 <= t < 1024 for t in a + b + c)
+    # Same seed, same prompts: a trial can be repeated exactly.
+    assert PromptBuilder(1024, seed=3).token_ids(0, TraceRequest(0.0, 1100, 5, prefix_blocks=(7, 8, 9))) == a
+
+
+def test_request_bodies_ask_for_exactly_the_recorded_output():
+    body = json.loads(prepare_requests(_trace(1, output=37), 1024, "model")[0].body)
+    assert body["max_tokens"] == body["min_tokens"] == 37 and body["ignore_eos"] and body["stream"]
+    assert len(body["prompt"]) == 16 and body["stream_options"] == {"include_usage": True}
