@@ -1,0 +1,14 @@
+"""Search spaces: which vLLM settings a study searches, and which proposals are rejected before launch."""
+
+from search_spaces.space import (
+    BUILT_IN_RULES,
+    PLATFORMS,
+    SearchSpace,
+    SpaceContext,
+    load_space,
+    parse_comparison,
+    shipped_spaces,
+)
+
+__all__ = ["BUILT_IN_RULES", "PLATFORMS", "SearchSpace", "SpaceContext", "load_space", "parse_comparison",
+           "shipped_spaces"]

@@ -7,7 +7,9 @@ what is in flight, and vLLM's metrics sampled beside it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import ssl
 import statistics
 import time
 from collections.abc import Callable
@@ -173,6 +175,22 @@ def _not_sent(req: ReplayRequest) -> RequestRecord:
                          Outcome.NOT_SENT, error="the engine was gone before this request was due")
 
 
+# The event loop's timers wake up to a millisecond late (epoll's timeout is in whole milliseconds, rounded
+# up): sleep to this much before the due time, then yield to other tasks until it comes.
+_SPIN_S = 0.0015
+_CLIENT_POOLS = 16
+
+
+async def _until(due: float, lost: asyncio.Event) -> None:
+    """Return at `due` (perf_counter), or as soon as the engine is lost."""
+    while not lost.is_set():
+        delay = due - time.perf_counter()
+        if delay <= 0:
+            return
+        # Short sleeps, so that a lost engine is noticed within a long gap between requests.
+        await asyncio.sleep(min(delay - _SPIN_S, 0.25) if delay > _SPIN_S else 0)
+
+
 async def replay(base_url: str, requests: list[ReplayRequest], *, timeout_s: float = 600.0,
                  engine_alive: Callable[[], bool] | None = None,
                  on_done: Callable[[RequestRecord], None] | None = None,
@@ -183,10 +201,15 @@ async def replay(base_url: str, requests: list[ReplayRequest], *, timeout_s: flo
     not sent and those in flight are left to fail as users would see them fail.
     """
     url = f"{base_url}/v1/completions"
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    # No cap on connections (open loop). httpcore scans its whole pool for every request, so the
+    # connections are spread over several pools, each small.
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
     timeout = httpx.Timeout(timeout_s, connect=30.0)
-    async with httpx.AsyncClient(limits=limits, timeout=timeout) as client, \
-            httpx.AsyncClient(timeout=5.0) as metrics_client:
+    async with contextlib.AsyncExitStack() as stack:
+        tls = ssl.create_default_context()  # one for all pools: each would build its own, slowly
+        clients = [await stack.enter_async_context(httpx.AsyncClient(limits=limits, timeout=timeout, verify=tls))
+                   for _ in range(_CLIENT_POOLS)]
+        metrics_client = await stack.enter_async_context(httpx.AsyncClient(timeout=5.0))
         before = await scrape(metrics_client, base_url) if collect_metrics else None
         sampler = MetricsSampler(metrics_client, base_url, sample_interval_s)
         origin = time.perf_counter() + 0.05  # a moment to enter the loop before the first send
@@ -202,7 +225,7 @@ async def replay(base_url: str, requests: list[ReplayRequest], *, timeout_s: flo
         watcher = asyncio.create_task(watch())
 
         async def tracked(req: ReplayRequest) -> RequestRecord:
-            record = await send_completion(client, url, req, origin, timeout_s)
+            record = await send_completion(clients[req.index % _CLIENT_POOLS], url, req, origin, timeout_s)
             if on_done is not None:
                 on_done(record)
             return record
@@ -210,9 +233,7 @@ async def replay(base_url: str, requests: list[ReplayRequest], *, timeout_s: flo
         tasks: list[asyncio.Task[RequestRecord]] = []
         skipped: list[RequestRecord] = []
         for req in requests:
-            # Short sleeps, so that a lost engine is noticed within a long gap between requests.
-            while not lost.is_set() and (delay := origin + req.scheduled_s - time.perf_counter()) > 0:
-                await asyncio.sleep(min(delay, 0.25))
+            await _until(origin + req.scheduled_s, lost)
             if lost.is_set():
                 skipped.append(_not_sent(req))
                 continue

@@ -1,0 +1,212 @@
+"""Reading and writing tuner's tables: one short transaction per call, plain records in and out."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, fields
+from pathlib import Path
+from typing import Any, TypeVar
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import Engine, create_engine, delete, event, insert, select
+from sqlalchemy.engine import Connection, make_url
+from sqlalchemy.exc import ArgumentError, IntegrityError, OperationalError
+from sqlalchemy.orm import Session, sessionmaker
+
+from storage.records import StoredRequest, StoredTrial, StudySettings
+from storage.schema import LaunchFailureRow, RequestRow, StudyRow, TraceRow, TrialRow
+from storage.urls import redact_url
+from tuner.errors import TunerError
+from tuner.traces.records import Trace
+from tuner.traces.stats import TraceStats
+
+MIGRATIONS = Path(__file__).resolve().parent / "migrations"
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+
+R = TypeVar("R")
+
+
+def alembic_config(url: str) -> Config:
+    """Alembic's configuration for tuner's migrations, built in code: no alembic.ini is needed."""
+    config = Config()
+    # Config values go through configparser interpolation, where "%" (as in a quoted password) is special.
+    config.set_main_option("script_location", str(MIGRATIONS).replace("%", "%%"))
+    config.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    return config
+
+
+def _prepare_sqlite(engine: Engine) -> None:
+    """Foreign keys on, a wait instead of an error when another process writes, and real transactions."""
+
+    @event.listens_for(engine, "connect")
+    def on_connect(dbapi_connection: Any, _record: Any) -> None:
+        # Left to itself, sqlite3 opens transactions late (and commits before DDL); SQLAlchemy emits BEGIN instead.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def on_begin(connection: Connection) -> None:
+        # Taking the write lock up front: a read-then-write transaction that had to upgrade its lock later
+        # would fail at once with "database is locked" when another process is writing, whatever the timeout.
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def _from_row(cls: type[R], row: Any, **values: Any) -> R:
+    """The record whose fields the row's attributes of the same names fill, `values` taking precedence."""
+    return cls(**{f.name: values[f.name] if f.name in values else getattr(row, f.name) for f in fields(cls)})
+
+
+class Repository:
+    """tuner's tables in the database at `url`, which may also hold Optuna's."""
+
+    def __init__(self, url: str):
+        self._url = url
+        self.display_url = redact_url(url)
+        try:
+            self.engine = create_engine(url)
+        except (ArgumentError, ValueError):
+            raise TunerError(f"not a database URL: {self.display_url}") from None
+        except ImportError as exc:
+            raise TunerError(f"no driver for {self.display_url}: {exc}") from None
+        if self.engine.dialect.name == "sqlite":
+            _prepare_sqlite(self.engine)
+        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+
+    def __repr__(self) -> str:
+        return f"Repository({self.display_url!r})"
+
+    def _unreachable(self, exc: OperationalError) -> TunerError:
+        reason = str(exc.orig if exc.orig is not None else exc).strip().splitlines()[0]
+        password = make_url(self._url).password
+        if password:
+            reason = reason.replace(str(password), "***")
+        return TunerError(f"cannot reach the database at {self.display_url}: {reason}")
+
+    def _connect(self) -> Connection:
+        try:
+            return self.engine.connect()
+        except OperationalError as exc:
+            raise self._unreachable(exc) from None
+
+    @contextmanager
+    def _transaction(self) -> Iterator[Session]:
+        """A session in one transaction, committed on success; connection failures become TunerError."""
+        with self._sessions.begin() as session:
+            try:
+                session.connection()
+            except OperationalError as exc:
+                raise self._unreachable(exc) from None
+            yield session
+
+    def migrate(self) -> None:
+        """Bring tuner's tables to the newest revision; a no-op when they are there already."""
+        with self._connect() as connection, connection.begin():
+            config = alembic_config(self._url)
+            config.attributes["connection"] = connection
+            command.upgrade(config, "head")
+
+    # Studies
+
+    def save_study(self, settings: StudySettings) -> None:
+        try:
+            with self._transaction() as session:
+                session.add(StudyRow(**asdict(settings)))
+        except IntegrityError:
+            raise TunerError(f"study {settings.name} already exists") from None
+
+    def get_study(self, name: str) -> StudySettings:
+        with self._transaction() as session:
+            return _from_row(StudySettings, self._study_row(session, name))
+
+    def list_studies(self) -> list[StudySettings]:
+        with self._transaction() as session:
+            rows = session.scalars(select(StudyRow).order_by(StudyRow.created_at, StudyRow.id))
+            return [_from_row(StudySettings, row) for row in rows]
+
+    @staticmethod
+    def _study_row(session: Session, name: str) -> StudyRow:
+        row = session.scalars(select(StudyRow).where(StudyRow.name == name)).one_or_none()
+        if row is None:
+            raise TunerError(f"no study named {name}")
+        return row
+
+    # Traces
+
+    def save_trace(self, trace: Trace, stats: TraceStats) -> None:
+        """Store a trace's summary, unless one with the same sha256 is stored already (that one is kept)."""
+        row = TraceRow(sha256=trace.sha256, source=trace.source, format=trace.format, requests=len(trace.requests),
+                       span_s=trace.span_s, stats=stats.to_dict(),
+                       transformations=[asdict(step) for step in trace.transformations])
+        try:
+            with self._transaction() as session:
+                if session.get(TraceRow, trace.sha256) is None:
+                    session.add(row)
+        except IntegrityError:
+            pass  # another process stored the same trace in the meantime, which is all that was wanted
+
+    def get_trace(self, sha256: str) -> dict:
+        with self._transaction() as session:
+            row = session.get(TraceRow, sha256)
+            if row is None:
+                raise TunerError(f"no trace with sha256 {sha256}")
+            return {column.key: getattr(row, column.key) for column in TraceRow.__mapper__.column_attrs}
+
+    # Trials
+
+    def save_trial(self, trial: StoredTrial, requests: list[StoredRequest]) -> int:
+        """Store a trial with its requests (and its launch failure, if any), replacing any earlier row for its
+        number, requests and all; returns the new row's id."""
+        with self._transaction() as session:
+            study_id = self._study_row(session, trial.study_name).id
+            # The foreign keys cascade, so the old row's requests and failure go with it.
+            session.execute(delete(TrialRow).where(TrialRow.study_id == study_id,
+                                                   TrialRow.trial_number == trial.trial_number))
+            values = asdict(trial)
+            del values["study_name"], values["id"]
+            row = TrialRow(study_id=study_id, **values)
+            session.add(row)
+            session.flush()
+            if requests:
+                session.execute(insert(RequestRow), [{"trial_id": row.id, **asdict(r)} for r in requests])
+            if trial.failure_class is not None:
+                session.add(LaunchFailureRow(
+                    trial_id=row.id, failure_class=trial.failure_class, message=trial.failure_message or "",
+                    exit_code=trial.exit_code, log_excerpt=trial.log_excerpt or "",
+                    estimated_max_model_len=trial.estimated_max_model_len))
+            return row.id
+
+    def trials(self, study_name: str) -> list[StoredTrial]:
+        with self._transaction() as session:
+            study = self._study_row(session, study_name)
+            rows = session.scalars(select(TrialRow).where(TrialRow.study_id == study.id)
+                                   .order_by(TrialRow.trial_number))
+            return [_from_row(StoredTrial, row, study_name=study.name) for row in rows]
+
+    def requests(self, study_name: str, trial_number: int) -> list[StoredRequest]:
+        with self._transaction() as session:
+            study_id = self._study_row(session, study_name).id
+            rows = session.scalars(
+                select(RequestRow).join(TrialRow, RequestRow.trial_id == TrialRow.id)
+                .where(TrialRow.study_id == study_id, TrialRow.trial_number == trial_number)
+                .order_by(RequestRow.index))
+            return [_from_row(StoredRequest, row) for row in rows]
+
+    def launch_failures(self, study_name: str) -> list[dict]:
+        """Every failure of the study's trials, with the log excerpt that tells why, by trial number."""
+        with self._transaction() as session:
+            study_id = self._study_row(session, study_name).id
+            rows = session.execute(
+                select(TrialRow.trial_number, TrialRow.attempt, LaunchFailureRow)
+                .join(TrialRow, LaunchFailureRow.trial_id == TrialRow.id)
+                .where(TrialRow.study_id == study_id)
+                .order_by(TrialRow.trial_number))
+            return [{"trial_number": number, "attempt": attempt, "failure_class": failure.failure_class,
+                     "message": failure.message, "exit_code": failure.exit_code,
+                     "log_excerpt": failure.log_excerpt,
+                     "estimated_max_model_len": failure.estimated_max_model_len}
+                    for number, attempt, failure in rows]

@@ -1,0 +1,122 @@
+"""tuner's own tables, beside Optuna's in the same database: every name starts with `tuner_`."""
+
+from __future__ import annotations
+
+from sqlalchemy import JSON, Float, ForeignKey, Integer, MetaData, String, Text, UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+TABLE_PREFIX = "tuner_"
+# Optuna keeps its own Alembic revision in `alembic_version`; ours must never overwrite it.
+VERSION_TABLE = "tuner_alembic_version"
+
+# Fixed constraint names, so that later migrations can address them on SQLite and PostgreSQL alike.
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+def include_name(name: str | None, type_: str, parent_names: dict) -> bool:
+    """Alembic filter: only tuner's tables are compared or migrated, never Optuna's."""
+    return type_ != "table" or (name or "").startswith(TABLE_PREFIX)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class StudyRow(Base):
+    __tablename__ = "tuner_studies"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(512), unique=True)
+    created_at: Mapped[str] = mapped_column(String(64))
+    model: Mapped[str] = mapped_column(Text)
+    model_info: Mapped[dict] = mapped_column(JSON)
+    trace_path: Mapped[str] = mapped_column(Text)
+    trace_sha256: Mapped[str] = mapped_column(String(64))
+    trace_selection: Mapped[dict] = mapped_column(JSON)
+    boundary: Mapped[str] = mapped_column(String(32))
+    limits: Mapped[dict] = mapped_column(JSON)
+    space_name: Mapped[str] = mapped_column(String(256))
+    space_text: Mapped[str] = mapped_column(Text)
+    sampler: Mapped[str] = mapped_column(String(64))
+    seed: Mapped[int | None] = mapped_column(Integer)
+    request_timeout_s: Mapped[float] = mapped_column(Float)
+    startup_timeout_s: Mapped[float] = mapped_column(Float)
+    extra: Mapped[dict] = mapped_column(JSON)
+
+
+class TraceRow(Base):
+    __tablename__ = "tuner_traces"
+
+    sha256: Mapped[str] = mapped_column(String(64), primary_key=True)
+    source: Mapped[str] = mapped_column(Text)
+    format: Mapped[str] = mapped_column(String(32))
+    requests: Mapped[int] = mapped_column(Integer)
+    span_s: Mapped[float] = mapped_column(Float)
+    stats: Mapped[dict] = mapped_column(JSON)
+    transformations: Mapped[list] = mapped_column(JSON)
+
+
+class TrialRow(Base):
+    __tablename__ = "tuner_trials"
+    __table_args__ = (UniqueConstraint("study_id", "trial_number"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    study_id: Mapped[int] = mapped_column(ForeignKey("tuner_studies.id", ondelete="CASCADE"))
+    trial_number: Mapped[int] = mapped_column(Integer)
+    attempt: Mapped[int] = mapped_column(Integer)
+    state: Mapped[str] = mapped_column(String(32))
+    engine_config: Mapped[dict] = mapped_column(JSON)
+    serve_command: Mapped[str] = mapped_column(Text)
+    measurement: Mapped[dict | None] = mapped_column(JSON)
+    failure_class: Mapped[str | None] = mapped_column(String(32))
+    failure_message: Mapped[str | None] = mapped_column(Text)
+    log_excerpt: Mapped[str | None] = mapped_column(Text)
+    estimated_max_model_len: Mapped[int | None] = mapped_column(Integer)
+    exit_code: Mapped[int | None] = mapped_column(Integer)
+    timings: Mapped[dict] = mapped_column(JSON)
+    hardware: Mapped[dict] = mapped_column(JSON)
+    vllm_version: Mapped[str] = mapped_column(String(64))
+    started_at: Mapped[str] = mapped_column(String(64))
+    finished_at: Mapped[str | None] = mapped_column(String(64))
+    score: Mapped[dict] = mapped_column(JSON)
+    prune_reason: Mapped[str | None] = mapped_column(Text)
+
+
+class RequestRow(Base):
+    __tablename__ = "tuner_requests"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    trial_id: Mapped[int] = mapped_column(ForeignKey("tuner_trials.id", ondelete="CASCADE"), index=True)
+    # "index" is a reserved word in SQL; the attribute keeps the record's name.
+    index: Mapped[int] = mapped_column("request_index", Integer)
+    scheduled_s: Mapped[float] = mapped_column(Float)
+    sent_s: Mapped[float | None] = mapped_column(Float)
+    requested_tokens: Mapped[int] = mapped_column(Integer)
+    input_tokens: Mapped[int] = mapped_column(Integer)
+    output_tokens: Mapped[int] = mapped_column(Integer)
+    outcome: Mapped[str] = mapped_column(String(32))
+    ttft_s: Mapped[float | None] = mapped_column(Float)
+    e2e_s: Mapped[float | None] = mapped_column(Float)
+    itl_mean_s: Mapped[float | None] = mapped_column(Float)
+    itl_p95_s: Mapped[float | None] = mapped_column(Float)
+    itl_max_s: Mapped[float | None] = mapped_column(Float)
+    status_code: Mapped[int | None] = mapped_column(Integer)
+    error: Mapped[str | None] = mapped_column(Text)
+
+
+class LaunchFailureRow(Base):
+    __tablename__ = "tuner_launch_failures"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    trial_id: Mapped[int] = mapped_column(ForeignKey("tuner_trials.id", ondelete="CASCADE"), unique=True)
+    failure_class: Mapped[str] = mapped_column(String(32))
+    message: Mapped[str] = mapped_column(Text)
+    exit_code: Mapped[int | None] = mapped_column(Integer)
+    log_excerpt: Mapped[str] = mapped_column(Text)
+    estimated_max_model_len: Mapped[int | None] = mapped_column(Integer)

@@ -1,0 +1,303 @@
+"""storage/: tuner's tables beside Optuna's in one real SQLite file, migrations, records and artifacts."""
+
+from __future__ import annotations
+
+import importlib.util
+import threading
+from dataclasses import replace
+from pathlib import Path
+
+import optuna
+import pytest
+import sqlalchemy as sa
+from alembic import command
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+
+from storage import (Repository, StoredRequest, StoredTrial, StudySettings, VERSION_TABLE, alembic_config,
+                     attach_trial_artifacts, default_artifact_dir, default_storage_url, redact_url, trial_artifacts)
+from storage.schema import Base, include_name
+from tuner.errors import TunerError
+from tuner.traces.records import Trace, TraceRequest, Transformation
+from tuner.traces.stats import trace_stats
+from workers.failures import FailureClass, classify_failure
+from workers.measure import TrialRecord, TrialTimings, measure
+from workers.replay import Outcome, ReplayResult, RequestRecord
+
+TUNER_TABLES = {"tuner_studies", "tuner_traces", "tuner_trials", "tuner_requests", "tuner_launch_failures"}
+
+
+@pytest.fixture
+def url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'tuner.db'}"
+
+
+@pytest.fixture
+def repo(url: str) -> Repository:
+    repository = Repository(url)
+    repository.migrate()
+    return repository
+
+
+def settings(name: str = "s1", created_at: str = "2025-05-01T10:00:00+00:00") -> StudySettings:
+    return StudySettings(
+        name=name, created_at=created_at, model="/models/tiny", model_info={"architecture": "LlamaForCausalLM",
+                                                                            "layers": 2},
+        trace_path="/traces/azure_conv_2023.csv", trace_sha256="ab" * 32, trace_selection={"window": [0, 60]},
+        boundary="interactive", limits={"ttft_p95_s": 2.0}, space_name="default",
+        space_text="max_num_seqs: {low: 8, high: 256}\n", sampler="tpe", seed=7, request_timeout_s=600.0,
+        startup_timeout_s=900.0,
+    )
+
+
+def request_records(count: int) -> list[RequestRecord]:
+    records = [RequestRecord(i, 0.25 * i, 0.25 * i + 0.001, 16, 100 + i, 16, Outcome.OK, ttft_s=0.05, e2e_s=0.4,
+                             itl_mean_s=0.02, itl_p95_s=0.03, itl_max_s=0.06, status_code=200)
+               for i in range(count - 1)]
+    records.append(RequestRecord(count - 1, 0.25 * count, None, 16, 80, 0, Outcome.NOT_SENT,
+                                 error="the engine was gone before this request was due"))
+    return records
+
+
+def trial_record(records: list[RequestRecord], *, died: bool) -> TrialRecord:
+    log = "INFO starting\nINFO serving on port 8000\nERROR worker killed\n"
+    return TrialRecord(
+        model="/models/tiny", engine_config={"max_num_seqs": 64, "enable_prefix_caching": True},
+        serve_command="vllm serve /models/tiny --max-num-seqs 64",
+        trace={"source": "azure_conv_2023.csv", "sha256": "ab" * 32}, hardware={"gpu": "none", "cpus": 2},
+        vllm_version="0.32.0", started_at="2025-05-01T10:05:00+00:00", timings=TrialTimings(12.5, 3.0, 0.5),
+        measurement=measure(ReplayResult(records, 3.0, None, None)),
+        failure=classify_failure(-9, log, was_serving=True) if died else None, log_path="/tmp/trial-3.log",
+    )
+
+
+def stored(record: TrialRecord, number: int = 3, **kwargs) -> StoredTrial:
+    score = {"objectives": {"completed_rps": 1.5}, "constraints": {"ttft_p95_s": -0.5}, "feasible": True}
+    return StoredTrial.from_record("s1", number, record, state=kwargs.pop("state", "complete"), score=score,
+                                   finished_at="2025-05-01T10:06:00+00:00", **kwargs)
+
+
+def row_count(repo: Repository, table: str) -> int:
+    with repo.engine.connect() as conn:
+        return conn.execute(sa.text(f"SELECT COUNT(*) FROM {table}")).scalar_one()
+
+
+def revision(repo: Repository, table: str) -> list[str]:
+    with repo.engine.connect() as conn:
+        return list(conn.execute(sa.text(f"SELECT version_num FROM {table}")).scalars())
+
+
+def test_migrate_twice_is_a_no_op(url):
+    repo = Repository(url)
+    repo.migrate()
+    repo.save_study(settings())
+    repo.migrate()
+    assert TUNER_TABLES | {VERSION_TABLE} <= set(sa.inspect(repo.engine).get_table_names())
+    assert revision(repo, VERSION_TABLE) == ["0001"]
+    assert [s.name for s in repo.list_studies()] == ["s1"]
+
+
+@pytest.mark.parametrize("optuna_first", [True, False])
+def test_tables_and_revisions_live_beside_optunas(url, optuna_first):
+    if optuna_first:
+        optuna_storage = optuna.storages.RDBStorage(url)
+        Repository(url).migrate()
+    else:
+        Repository(url).migrate()
+        optuna_storage = optuna.storages.RDBStorage(url)
+    repo = Repository(url)
+    names = set(sa.inspect(repo.engine).get_table_names())
+    assert TUNER_TABLES | {VERSION_TABLE, "studies", "trials", "alembic_version"} <= names
+    assert revision(repo, VERSION_TABLE) == ["0001"]
+    assert revision(repo, "alembic_version") == [optuna_storage.get_head_version()]
+    # Both sides still work on the shared file.
+    study = optuna.create_study(study_name="s1", storage=optuna_storage)
+    study.tell(study.ask(), 1.0)
+    repo.save_study(settings())
+    assert len(study.trials) == 1 and repo.get_study("s1") == settings()
+
+
+def test_migration_matches_the_schema(url):
+    optuna.storages.RDBStorage(url)  # Optuna's tables must not count as drift
+    repo = Repository(url)
+    repo.migrate()
+    with repo.engine.connect() as conn:
+        context = MigrationContext.configure(conn, opts={"include_name": include_name, "compare_type": True,
+                                                         "version_table": VERSION_TABLE})
+        assert compare_metadata(context, Base.metadata) == []
+    command.check(alembic_config(url))  # `alembic check`, through env.py and its filter
+
+
+def test_studies(repo):
+    first, second = settings("s1"), settings("s2", created_at="2025-05-02T10:00:00+00:00")
+    repo.save_study(second)
+    repo.save_study(first)
+    assert repo.get_study("s1") == first
+    assert repo.list_studies() == [first, second]
+    with pytest.raises(TunerError, match="study s1 already exists"):
+        repo.save_study(replace(first, model="/models/other"))
+    assert repo.get_study("s1").model == "/models/tiny"
+    with pytest.raises(TunerError, match="no study named nope"):
+        repo.get_study("nope")
+
+
+def test_trace_is_stored_once_per_sha256(repo):
+    requests = tuple(TraceRequest(0.5 * i, 100 + i, 20, (1, 2)) for i in range(10))
+    windowed = Trace("azure.csv", "azure", "cd" * 32, requests,
+                     (Transformation("window", {"start_s": 0, "end_s": 60}, 3),))
+    repo.save_trace(windowed, trace_stats(windowed))
+    again = Trace("elsewhere/azure.csv", "azure", "cd" * 32, requests[:4])
+    repo.save_trace(again, trace_stats(again))
+    kept = repo.get_trace("cd" * 32)
+    assert kept["source"] == "azure.csv" and kept["requests"] == 10 and kept["span_s"] == 4.5
+    assert kept["transformations"] == [{"kind": "window", "params": {"start_s": 0, "end_s": 60}, "affected": 3}]
+    assert kept["stats"] == trace_stats(windowed).to_dict()
+    assert row_count(repo, "tuner_traces") == 1
+
+
+def test_trial_with_requests_and_failure_round_trips(repo):
+    repo.save_study(settings())
+    records = request_records(5)
+    trial = stored(trial_record(records, died=True), state="failed", attempt=2)
+    assert trial.failure_class == FailureClass.ENGINE_DIED.value and trial.measurement["requests"] == 5
+    requests = [StoredRequest.from_record(r) for r in records]
+    trial_id = repo.save_trial(trial, requests)
+
+    [back] = repo.trials("s1")
+    assert back == trial and back.id == trial_id
+    assert back.timings == {"startup_s": 12.5, "replay_s": 3.0, "teardown_s": 0.5, "total_s": 16.0}
+    assert repo.requests("s1", 3) == requests
+    assert repo.requests("s1", 3)[-1].outcome == "not_sent"
+    [failure] = repo.launch_failures("s1")
+    assert failure == {"trial_number": 3, "attempt": 2, "failure_class": "engine_died",
+                       "message": trial.failure_message, "exit_code": -9, "log_excerpt": trial.log_excerpt,
+                       "estimated_max_model_len": None}
+    assert "worker killed" in failure["log_excerpt"]
+
+
+def test_resaving_a_trial_number_replaces_it(repo):
+    repo.save_study(settings())
+    first = stored(trial_record(request_records(6), died=True), state="worker_lost")
+    repo.save_trial(first, [StoredRequest.from_record(r) for r in request_records(6)])
+    other = stored(trial_record(request_records(2), died=False), number=4)
+    repo.save_trial(other, [StoredRequest.from_record(r) for r in request_records(2)])
+
+    rerun = stored(trial_record(request_records(3), died=False), attempt=2)
+    repo.save_trial(rerun, [StoredRequest.from_record(r) for r in request_records(3)])
+
+    assert repo.trials("s1") == [rerun, other]
+    assert len(repo.requests("s1", 3)) == 3 and len(repo.requests("s1", 4)) == 2
+    assert row_count(repo, "tuner_requests") == 5  # the first run's six are gone
+    assert repo.launch_failures("s1") == [] and row_count(repo, "tuner_launch_failures") == 0
+
+
+def test_kv_failure_without_requests(repo):
+    repo.save_study(settings())
+    log = "INFO loading\nValueError: ... the estimated maximum model length is 2048. Try increasing ...\n"
+    failed = replace(trial_record([], died=False), measurement=None, failure=classify_failure(1, log))
+    trial = stored(failed, number=0, state="failed", prune_reason=None)
+    repo.save_trial(trial, [])
+    [back] = repo.trials("s1")
+    assert back == trial and back.measurement is None and back.estimated_max_model_len == 2048
+    assert repo.requests("s1", 0) == []
+    assert [(f["failure_class"], f["estimated_max_model_len"]) for f in repo.launch_failures("s1")] == [
+        ("kv_insufficient", 2048)]
+
+
+def test_foreign_keys_are_enforced(repo):
+    repo.save_study(settings())
+    trial_id = repo.save_trial(stored(trial_record(request_records(4), died=True), state="failed"),
+                               [StoredRequest.from_record(r) for r in request_records(4)])
+    with repo.engine.begin() as conn:
+        conn.execute(sa.text("DELETE FROM tuner_trials WHERE id = :id"), {"id": trial_id})
+    assert row_count(repo, "tuner_requests") == 0 and row_count(repo, "tuner_launch_failures") == 0
+    with pytest.raises(sa.exc.IntegrityError), repo.engine.begin() as conn:
+        conn.execute(sa.text("INSERT INTO tuner_requests (trial_id, request_index, scheduled_s, requested_tokens, "
+                             "input_tokens, output_tokens, outcome) VALUES (999, 0, 0, 1, 1, 1, 'ok')"))
+
+
+def test_two_writers_share_one_sqlite_file(repo, url):
+    repo.save_study(settings())
+    errors: list[BaseException] = []
+
+    def write(first: int) -> None:
+        other = Repository(url)  # an engine of its own, as another process would have
+        try:
+            for number in range(first, first + 10):
+                other.save_trial(stored(trial_record(request_records(3), died=False), number=number),
+                                 [StoredRequest.from_record(r) for r in request_records(3)])
+        except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=write, args=(first,)) for first in (0, 100)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert [t.trial_number for t in repo.trials("s1")] == [*range(10), *range(100, 110)]
+    assert row_count(repo, "tuner_requests") == 60
+
+
+def test_records_validate_their_states():
+    with pytest.raises(ValueError, match="trial state"):
+        stored(trial_record(request_records(2), died=False), state="done")
+    with pytest.raises(ValueError, match="boundary"):
+        replace(settings(), boundary="offline")
+
+
+def test_redact_url():
+    shown = redact_url("postgresql+psycopg://tuner:s3cret@db:5432/tuner")
+    assert "s3cret" not in shown and shown == "postgresql+psycopg://tuner:***@db:5432/tuner"
+    assert "s3cret" not in redact_url("postgresql://tuner@db/tuner?password=s3cret&sslmode=require")
+    assert redact_url("not a url://tuner:s3cret@db") == "not a url://tuner:***@db"
+    assert redact_url("sqlite:////data/tuner.db") == "sqlite:////data/tuner.db"
+
+
+def test_unreachable_database_names_the_redacted_url(tmp_path):
+    missing = f"sqlite:///{tmp_path / 'no-such-dir' / 'x.db'}"
+    with pytest.raises(TunerError, match="cannot reach the database at sqlite:///.*no-such-dir/x.db: "
+                                         "unable to open database file"):
+        Repository(missing).migrate()
+    with pytest.raises(TunerError, match="cannot reach the database") as caught:
+        Repository(missing).list_studies()
+    assert caught.value.__cause__ is None
+
+    postgres = "postgresql+psycopg://u:pw-s3cret@127.0.0.1:1/db"
+    if importlib.util.find_spec("psycopg") is not None:
+        with pytest.raises(TunerError, match=r"cannot reach the database at postgresql\+psycopg://u:\*\*\*@") as caught:
+            Repository(postgres).migrate()
+    else:
+        with pytest.raises(TunerError, match=r"no driver for postgresql\+psycopg://u:\*\*\*@") as caught:
+            Repository(postgres)
+    assert "pw-s3cret" not in str(caught.value)
+
+
+def test_default_locations(tmp_path, monkeypatch):
+    monkeypatch.setenv("TUNER_HOME", str(tmp_path / "home"))
+    url = default_storage_url()
+    assert url == f"sqlite:///{tmp_path / 'home' / 'tuner.db'}" and (tmp_path / "home").is_dir()
+    assert default_artifact_dir(url) == tmp_path / "home" / "tuner-artifacts"
+    assert default_artifact_dir("postgresql+psycopg://u:pw@db/tuner") == tmp_path / "home" / "artifacts"
+
+
+def test_trial_artifacts_round_trip(url, tmp_path):
+    study = optuna.create_study(study_name="s1", storage=url)
+    trial = study.ask()
+    log = tmp_path / "server.log"
+    log.write_text("INFO serving\n")
+    csv = tmp_path / "requests.csv"
+    csv.write_text("index,outcome\n0,ok\n")
+    artifact_dir = default_artifact_dir(url)
+    ids = attach_trial_artifacts(study, trial, [log, tmp_path / "absent.json", csv], artifact_dir)
+    assert len(ids) == 2 and artifact_dir.is_dir()
+
+    reloaded = optuna.load_study(study_name="s1", storage=url)
+    metas = trial_artifacts(reloaded, trial._trial_id)
+    assert {m.artifact_id: m.filename for m in metas} == dict(zip(ids, ["server.log", "requests.csv"]))
+    assert {m.filename: m.mimetype for m in metas}["requests.csv"] == "text/csv"
+    for meta, original in zip(sorted(metas, key=lambda m: ids.index(m.artifact_id)), [log, csv]):
+        copy = tmp_path / f"copy-{meta.filename}"
+        optuna.artifacts.download_artifact(artifact_store=optuna.artifacts.FileSystemArtifactStore(artifact_dir),
+                                           file_path=str(copy), artifact_id=meta.artifact_id)
+        assert copy.read_bytes() == original.read_bytes()
