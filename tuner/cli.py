@@ -16,6 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from tuner.errors import TunerError
+from tuner.study_cli import dashboard, study_app
 
 app = typer.Typer(help="Find the vLLM engine settings that serve your own traffic best, by measuring them.",
                   no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False)
@@ -25,6 +26,8 @@ trial_app = typer.Typer(help="One engine configuration, launched and measured.",
 app.add_typer(model_app, name="model")
 app.add_typer(trace_app, name="trace")
 app.add_typer(trial_app, name="trial")
+app.add_typer(study_app, name="study")
+app.command("dashboard")(dashboard)
 
 out = Console()
 err = Console(stderr=True)

@@ -140,6 +140,7 @@ class TrialRecord:
     failure: EngineFailure | None
     log_path: str
     argv: list[str] = field(default_factory=list)
+    stop_reason: str | None = None  # the replay was ended early: the boundary could no longer be met
 
     @property
     def ok(self) -> bool:

@@ -29,7 +29,8 @@ class Outcome(str, Enum):
     HTTP_ERROR = "http_error"  # an error status, or an error event inside the stream
     TIMEOUT = "timeout"  # not finished within the per-request limit
     DISCONNECTED = "disconnected"  # connection refused, reset or closed before the stream ended
-    NOT_SENT = "not_sent"  # the engine was gone before this request's time came
+    NOT_SENT = "not_sent"  # the replay had ended (engine gone, or stopped) before this request's time came
+    STOPPED = "stopped"  # in flight when the replay was stopped early
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,7 @@ class ReplayResult:
     metrics_after: MetricsSnapshot | None
     timeline: list[TimelineSample] = field(default_factory=list)
     engine_lost: bool = False  # the server stopped while requests were due or in flight
+    stop_reason: str | None = None  # why the replay was ended early on purpose (a hopeless trial)
 
 
 def prepare_requests(trace: Trace, vocab_size: int, model_name: str, seed: int = 0) -> list[ReplayRequest]:
@@ -88,8 +90,8 @@ def prepare_requests(trace: Trace, vocab_size: int, model_name: str, seed: int =
         body = {
             "model": model_name,
             "prompt": prompts.token_ids(i, req),
+            # ignore_eos alone gives exactly max_tokens; min_tokens would add a logits processor to every step.
             "max_tokens": req.output_tokens,
-            "min_tokens": req.output_tokens,
             "ignore_eos": True,
             "stream": True,
             "stream_options": {"include_usage": True},
@@ -97,6 +99,27 @@ def prepare_requests(trace: Trace, vocab_size: int, model_name: str, seed: int =
         prepared.append(ReplayRequest(i, req.arrival_s, req.input_tokens, req.output_tokens,
                                       json.dumps(body, separators=(",", ":")).encode()))
     return prepared
+
+
+@dataclass
+class InFlight:
+    """A request on its way: when it went out and, once it came, its first token (perf_counter)."""
+
+    sent: float
+    first_token: float | None = None
+
+
+@dataclass
+class LiveReplay:
+    """What a replay has seen so far, for a caller that decides whether going on is worth it."""
+
+    origin: float  # perf_counter of the replay's start
+    total: int  # requests in the replay
+    finished: list[RequestRecord] = field(default_factory=list)
+    in_flight: dict[int, InFlight] = field(default_factory=dict)
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.origin
 
 
 _JSON = {"content-type": "application/json"}
@@ -111,9 +134,9 @@ def _gap_summary(times: list[float]) -> tuple[float | None, float | None, float 
 
 
 async def send_completion(client: httpx.AsyncClient, url: str, req: ReplayRequest, origin: float,
-                          timeout_s: float) -> RequestRecord:
+                          timeout_s: float, progress: InFlight | None = None) -> RequestRecord:
     """One streaming /v1/completions request, timed from the moment it goes out."""
-    sent = time.perf_counter()
+    sent = progress.sent if progress is not None else time.perf_counter()
     token_times: list[float] = []
     usage_tokens: int | None = None
     finished = False
@@ -142,6 +165,8 @@ async def send_completion(client: httpx.AsyncClient, url: str, req: ReplayReques
                             error, outcome = f"unreadable event: {payload[:200]}", Outcome.HTTP_ERROR
                             continue
                         if chunk.get("choices"):
+                            if not token_times and progress is not None:
+                                progress.first_token = arrived
                             token_times.append(arrived)
                         if chunk.get("usage"):
                             usage_tokens = chunk["usage"].get("completion_tokens")
@@ -170,35 +195,37 @@ async def send_completion(client: httpx.AsyncClient, url: str, req: ReplayReques
     )
 
 
-def _not_sent(req: ReplayRequest) -> RequestRecord:
-    return RequestRecord(req.index, req.scheduled_s, None, req.requested_tokens, req.input_tokens, 0,
-                         Outcome.NOT_SENT, error="the engine was gone before this request was due")
-
-
 # The event loop's timers wake up to a millisecond late (epoll's timeout is in whole milliseconds, rounded
 # up): sleep to this much before the due time, then yield to other tasks until it comes.
 _SPIN_S = 0.0015
 _CLIENT_POOLS = 16
 
 
-async def _until(due: float, lost: asyncio.Event) -> None:
-    """Return at `due` (perf_counter), or as soon as the engine is lost."""
-    while not lost.is_set():
+async def _until(due: float, halt: asyncio.Event) -> None:
+    """Return at `due` (perf_counter), or as soon as the replay is halted."""
+    while not halt.is_set():
         delay = due - time.perf_counter()
         if delay <= 0:
             return
-        # Short sleeps, so that a lost engine is noticed within a long gap between requests.
+        # Short sleeps, so that a halt is noticed within a long gap between requests.
         await asyncio.sleep(min(delay - _SPIN_S, 0.25) if delay > _SPIN_S else 0)
+
+
+def _unsent(req: ReplayRequest, why: str) -> RequestRecord:
+    return RequestRecord(req.index, req.scheduled_s, None, req.requested_tokens, req.input_tokens, 0,
+                         Outcome.NOT_SENT, error=why)
 
 
 async def replay(base_url: str, requests: list[ReplayRequest], *, timeout_s: float = 600.0,
                  engine_alive: Callable[[], bool] | None = None,
+                 should_stop: Callable[[LiveReplay], str | None] | None = None,
                  on_done: Callable[[RequestRecord], None] | None = None,
                  sample_interval_s: float = 0.5, collect_metrics: bool = True) -> ReplayResult:
     """Send every request at its scheduled offset, whatever is in flight, and gather what happened.
 
-    `engine_alive` is polled while replaying: once it says False, the requests not yet due are recorded as
-    not sent and those in flight are left to fail as users would see them fail.
+    Polled every 0.25 s while replaying: `engine_alive` (once False, the requests not yet due are recorded
+    as not sent and those in flight are left to fail as users would see them fail) and `should_stop` (a
+    reason to end the replay early: requests not yet due are not sent, those in flight are cancelled).
     """
     url = f"{base_url}/v1/completions"
     # No cap on connections (open loop). httpcore scans its whole pool for every request, so the
@@ -212,45 +239,65 @@ async def replay(base_url: str, requests: list[ReplayRequest], *, timeout_s: flo
         metrics_client = await stack.enter_async_context(httpx.AsyncClient(timeout=5.0))
         before = await scrape(metrics_client, base_url) if collect_metrics else None
         sampler = MetricsSampler(metrics_client, base_url, sample_interval_s)
-        origin = time.perf_counter() + 0.05  # a moment to enter the loop before the first send
-        sampler_task = asyncio.create_task(sampler.run(origin)) if collect_metrics else None
-        lost = asyncio.Event()
+        live = LiveReplay(origin=time.perf_counter() + 0.05, total=len(requests))  # a moment to enter the loop
+        sampler_task = asyncio.create_task(sampler.run(live.origin)) if collect_metrics else None
+        halt = asyncio.Event()
+        lost = False
+        stop_reason: str | None = None
+        tasks: dict[int, asyncio.Task[RequestRecord]] = {}
 
         async def watch() -> None:
-            while engine_alive is not None and engine_alive():
+            nonlocal lost, stop_reason
+            while not halt.is_set():
+                if engine_alive is not None and not engine_alive():
+                    lost = True
+                elif should_stop is not None and (stop_reason := should_stop(live)) is not None:
+                    for task in tasks.values():
+                        task.cancel()
+                if lost or stop_reason is not None:
+                    halt.set()
+                    return
                 await asyncio.sleep(0.25)
-            if engine_alive is not None:
-                lost.set()
 
         watcher = asyncio.create_task(watch())
 
         async def tracked(req: ReplayRequest) -> RequestRecord:
-            record = await send_completion(clients[req.index % _CLIENT_POOLS], url, req, origin, timeout_s)
+            progress = live.in_flight[req.index] = InFlight(time.perf_counter())
+            try:
+                record = await send_completion(clients[req.index % _CLIENT_POOLS], url, req, live.origin,
+                                               timeout_s, progress)
+            except asyncio.CancelledError:
+                record = RequestRecord(req.index, req.scheduled_s, progress.sent - live.origin,
+                                       req.requested_tokens, req.input_tokens, 0, Outcome.STOPPED,
+                                       error=f"replay stopped: {stop_reason}")
+            del live.in_flight[req.index]
+            live.finished.append(record)
             if on_done is not None:
                 on_done(record)
             return record
 
-        tasks: list[asyncio.Task[RequestRecord]] = []
         skipped: list[RequestRecord] = []
         for req in requests:
-            await _until(origin + req.scheduled_s, lost)
-            if lost.is_set():
-                skipped.append(_not_sent(req))
+            await _until(live.origin + req.scheduled_s, halt)
+            if halt.is_set():
+                skipped.append(_unsent(req, f"replay stopped: {stop_reason}" if stop_reason
+                                       else "the engine was gone before this request was due"))
                 continue
-            tasks.append(asyncio.create_task(tracked(req)))
-        records = list(await asyncio.gather(*tasks))
-        duration = time.perf_counter() - origin
+            tasks[req.index] = asyncio.create_task(tracked(req))
+        records = list(await asyncio.gather(*tasks.values()))
+        duration = time.perf_counter() - live.origin
         watcher.cancel()
         if sampler_task is not None:
             sampler_task.cancel()
         after = None
-        if collect_metrics and not lost.is_set():
+        if collect_metrics and not lost:
             try:
                 after = await scrape(metrics_client, base_url)
             except httpx.HTTPError:
-                lost.set()
+                lost = True
     for record in skipped:
         if on_done is not None:
             on_done(record)
     records = sorted(records + skipped, key=lambda r: r.index)
-    return ReplayResult(records, duration, before, after, sampler.samples, engine_lost=lost.is_set())
+    return ReplayResult(records, duration, before, after, sampler.samples, engine_lost=lost,
+                        stop_reason=stop_reason)

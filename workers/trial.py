@@ -19,7 +19,7 @@ from tuner.traces.records import Trace
 from workers.engine_config import EngineConfig
 from workers.launch import SERVED_MODEL_NAME, EngineLaunchError, start_engine
 from workers.measure import Measurement, TrialRecord, TrialTimings, measure
-from workers.replay import RequestRecord, prepare_requests, replay
+from workers.replay import LiveReplay, RequestRecord, prepare_requests, replay
 
 
 @dataclass(frozen=True)
@@ -59,8 +59,10 @@ def trace_summary(trace: Trace) -> dict:
 
 
 def run_trial(spec: TrialSpec, *, on_request_done: Callable[[RequestRecord], None] | None = None,
-              on_phase: Callable[[str], None] | None = None, cancel: threading.Event | None = None) -> TrialOutcome:
-    """Run one trial to the end; the engine is stopped before this returns, on every path."""
+              on_phase: Callable[[str], None] | None = None, cancel: threading.Event | None = None,
+              should_stop: Callable[[LiveReplay], str | None] | None = None) -> TrialOutcome:
+    """Run one trial to the end (or until `should_stop` gives a reason); the engine is stopped before this
+    returns, on every path."""
     phase = on_phase or (lambda _: None)
     info = inspect_model(spec.model)
     prepared = prepare_requests(spec.trace, info.vocab_size, SERVED_MODEL_NAME, spec.seed)
@@ -85,7 +87,7 @@ def run_trial(spec: TrialSpec, *, on_request_done: Callable[[RequestRecord], Non
     try:
         phase("replaying")
         result = asyncio.run(replay(engine.base_url, prepared, timeout_s=spec.request_timeout_s,
-                                    engine_alive=engine.alive, on_done=on_request_done))
+                                    engine_alive=engine.alive, should_stop=should_stop, on_done=on_request_done))
         measurement = measure(result)
         if result.engine_lost or not engine.alive():
             failure = engine.failure()
@@ -95,7 +97,7 @@ def run_trial(spec: TrialSpec, *, on_request_done: Callable[[RequestRecord], Non
         phase("stopping engine")
         teardown_s = engine.stop()
     record = TrialRecord(**base, argv=engine.argv, timings=TrialTimings(engine.startup_s, replay_s, teardown_s),
-                         measurement=measurement, failure=failure)
+                         measurement=measurement, failure=failure, stop_reason=result.stop_reason)
     return _finish(spec, TrialOutcome(record, requests))
 
 

@@ -44,7 +44,7 @@ def parse_window(text: str) -> tuple[float, float]:
 
 def load_trace(path: str | Path, selection: TraceSelection, max_model_len: int | None = None,
                format: str | None = None) -> Trace:
-    """Read a trace and apply the selection: window, then cap, then rate, then fit to the context."""
+    """Read a trace and apply the selection: window, then cap, then rate, then (with a max_model_len) fit."""
     trace = read_trace(path, format)
     if selection.window_s is not None:
         trace = window(trace, *selection.window_s)
@@ -52,8 +52,9 @@ def load_trace(path: str | Path, selection: TraceSelection, max_model_len: int |
         trace = cap_requests(trace, selection.max_requests)
     if selection.rate_scale is not None:
         trace = scale_rate(trace, selection.rate_scale)
-    if selection.fit is not None:
-        if max_model_len is None:
-            raise TunerError("fitting lengths needs a max_model_len")
-        trace = fit_to_context(trace, max_model_len, selection.fit)
-    return trace
+    return fit_trace(trace, selection, max_model_len) if max_model_len is not None else trace
+
+
+def fit_trace(trace: Trace, selection: TraceSelection, max_model_len: int) -> Trace:
+    """The selection's fit to one engine's context (a study fits per trial: max_model_len may be searched)."""
+    return fit_to_context(trace, max_model_len, selection.fit) if selection.fit is not None else trace

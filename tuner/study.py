@@ -1,0 +1,389 @@
+"""A study: Optuna proposes engine configurations, each is run as a real trial, scored and remembered.
+
+Optuna keeps the search (its RDBStorage: trials, parameters, objective values, constraints); the project's
+tables keep what was measured (storage.Repository). One database holds both. Every study first runs vLLM's
+default configuration (the search space's fixed values alone) as an enqueued baseline.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import threading
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+import optuna
+from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback, fail_stale_trials
+from optuna.trial import TrialState
+
+from search_spaces import SearchSpace, SpaceContext, load_space
+from storage import Repository, StoredRequest, StoredTrial, StudySettings
+from storage.artifacts import attach_trial_artifacts
+from storage.urls import default_artifact_dir, default_storage_url
+from tuner.errors import TunerError
+from tuner.hardware import detect_hardware
+from tuner.models import inspect_model
+from tuner.pruning import BoundaryWatch
+from tuner.scoring import DIRECTIONS, OBJECTIVE_NAMES, Boundary, Score, boundary, score
+from tuner.traces.records import Trace
+from tuner.traces.selection import TraceSelection, fit_trace, load_trace
+from tuner.traces.stats import trace_stats
+from workers.engine_config import EngineConfig
+from workers.failures import FailureClass
+from workers.trial import TrialOutcome, TrialSpec, run_trial
+
+SAMPLERS = ("tpe", "random", "nsga2")
+
+# Heartbeats and retries are marked experimental, and Optuna warns when heartbeats are used outside
+# study.optimize: this module drives them itself (see _Heartbeat), deliberately.
+warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+BASELINE_ATTR = "baseline"
+
+
+@dataclass(frozen=True)
+class StoragePlan:
+    """Where a study lives: the database URL and the folder of its trial artifacts."""
+
+    url: str
+    artifact_dir: Path
+    heartbeat_interval_s: int = 30  # a running trial proves its driver alive this often...
+    grace_period_s: int = 90  # ...and is taken for interrupted once silent this long
+
+    @classmethod
+    def resolve(cls, url: str | None, artifact_dir: str | Path | None = None, **kwargs) -> StoragePlan:
+        url = url or default_storage_url()
+        return cls(url, Path(artifact_dir) if artifact_dir else default_artifact_dir(url), **kwargs)
+
+    def repository(self) -> Repository:
+        repo = Repository(self.url)
+        repo.migrate()
+        return repo
+
+    def optuna_storage(self) -> RDBStorage:
+        return RDBStorage(self.url, heartbeat_interval=self.heartbeat_interval_s, grace_period=self.grace_period_s,
+                          heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=1))
+
+
+def make_sampler(name: str, seed: int | None) -> optuna.samplers.BaseSampler:
+    if name == "tpe":
+        return optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=4)
+    if name == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if name == "nsga2":
+        return optuna.samplers.NSGAIISampler(seed=seed, population_size=8)
+    raise TunerError(f"unknown sampler {name!r}; one of: {', '.join(SAMPLERS)}")
+
+
+@dataclass(frozen=True)
+class StudyContext:
+    """A stored study made ready to run: its space, boundary and trace, checked against what was stored."""
+
+    settings: StudySettings
+    space: SearchSpace
+    boundary: Boundary
+    selection: TraceSelection
+    trace: Trace  # windowed, capped, rate-scaled; fitted per trial
+    space_context: SpaceContext
+
+
+def _selection(settings: StudySettings) -> TraceSelection:
+    data = dict(settings.trace_selection)
+    if data.get("window_s") is not None:
+        data["window_s"] = tuple(data["window_s"])
+    return TraceSelection(**data)
+
+
+def _space_from_text(settings: StudySettings, scratch: Path) -> SearchSpace:
+    """The space exactly as stored with the study (the file it came from may have changed since)."""
+    scratch.mkdir(parents=True, exist_ok=True)
+    path = scratch / f"{settings.space_name}.yaml"
+    path.write_text(settings.space_text)
+    return load_space(path)
+
+
+def study_context(settings: StudySettings, plan: StoragePlan) -> StudyContext:
+    selection = _selection(settings)
+    trace = load_trace(settings.trace_path, selection)
+    if trace.sha256 != settings.trace_sha256:
+        raise TunerError(f"{settings.trace_path} changed since study {settings.name!r} was created "
+                         f"(sha256 {trace.sha256[:12]}, stored {settings.trace_sha256[:12]})")
+    info = inspect_model(settings.model)
+    space = _space_from_text(settings, plan.artifact_dir / "spaces" / settings.name)
+    platform = "cuda" if detect_hardware().accelerator == "cuda" else "cpu"
+    return StudyContext(settings, space, boundary(settings.boundary, settings.limits), selection, trace,
+                        SpaceContext.for_run(platform, info, trace, selection.fit))
+
+
+def create_study(name: str, *, model: str | Path, trace_path: str | Path, selection: TraceSelection,
+                 space: str | Path, boundary_name: str, limits: dict, plan: StoragePlan, sampler: str = "tpe",
+                 seed: int | None = None, request_timeout_s: float = 600.0,
+                 startup_timeout_s: float = 600.0) -> StudySettings:
+    """Check everything a run will need, then store the study and enqueue its baseline."""
+    if not name or len(name) > 200:
+        raise TunerError("a study name must be 1 to 200 characters")
+    make_sampler(sampler, seed)
+    bound = boundary(boundary_name, limits)
+    info = inspect_model(model)
+    loaded_space = load_space(space)
+    trace = load_trace(trace_path, selection)
+    repo = plan.repository()
+    storage = plan.optuna_storage()
+    if name in {s.study_name for s in optuna.get_all_study_summaries(storage, include_best_trial=False)} \
+            or name in {s.name for s in repo.list_studies()}:
+        raise TunerError(f"study {name} already exists")
+    settings = StudySettings(
+        name=name, created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        model=str(Path(model).resolve()),
+        model_info={"architecture": info.architecture, "vocab_size": info.vocab_size,
+                    "max_position_embeddings": info.max_position_embeddings,
+                    "kv_bytes_per_token": info.kv_bytes_per_token},
+        trace_path=str(Path(trace_path).resolve()), trace_sha256=trace.sha256, trace_selection=selection.to_dict(),
+        boundary=bound.name, limits=limits, space_name=loaded_space.name, space_text=loaded_space.text,
+        sampler=sampler, seed=seed, request_timeout_s=request_timeout_s, startup_timeout_s=startup_timeout_s)
+    repo.save_study(settings)
+    repo.save_trace(trace, trace_stats(trace))
+    study = optuna.create_study(study_name=name, storage=storage, directions=list(DIRECTIONS))
+    study.set_metric_names(list(OBJECTIVE_NAMES))
+    study.set_user_attr("boundary", bound.to_dict())
+    study.set_user_attr("space", loaded_space.name)
+    study.enqueue_trial({}, user_attrs={BASELINE_ATTR: True})
+    return settings
+
+
+@dataclass(frozen=True)
+class TrialSummary:
+    """What a study run says about one trial as it ends (for progress lines and tests)."""
+
+    number: int
+    state: str  # complete, failed, pruned, infeasible
+    baseline: bool
+    config: EngineConfig
+    score: Score | None = None
+    failure_class: str | None = None
+    reason: str | None = None  # failure message, prune reason or infeasibility
+
+
+@dataclass
+class RunReport:
+    trials: list[TrialSummary] = field(default_factory=list)
+    stopped_early: str | None = None  # why fewer trials ran than asked
+
+
+class _Heartbeat:
+    """Proves the driver alive for one running trial, as study.optimize would (ask/tell has no heartbeat)."""
+
+    def __init__(self, storage: RDBStorage, trial_id: int, interval_s: float):
+        self._storage, self._trial_id, self._interval = storage, trial_id, interval_s
+        self._stop = threading.Event()
+        storage.record_heartbeat(trial_id)
+        self._thread = threading.Thread(target=self._beat, daemon=True)
+        self._thread.start()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self._interval):
+            self._storage.record_heartbeat(self._trial_id)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def _attempt(study: optuna.Study, trial: optuna.Trial) -> int:
+    """1 for a first run; a configuration re-run after its driver died counts its earlier tries."""
+    return len(RetryHeartbeatStaleTrialCallback.retry_history(study.get_trials(deepcopy=False)[trial.number])) + 1
+
+
+def _expected_trial_s(repo: Repository, name: str) -> float | None:
+    totals = [t.timings.get("total_s") for t in repo.trials(name) if t.timings.get("total_s")]
+    return statistics.median(totals) if totals else None
+
+
+class StudyRunner:
+    """Runs a stored study's trials one after another: ask, launch and measure, score, store, tell."""
+
+    def __init__(self, name: str, plan: StoragePlan, *, prune: bool = True,
+                 on_event: Callable[[str, dict], None] | None = None):
+        self.plan = plan
+        self.repo = plan.repository()
+        self.settings = self.repo.get_study(name)
+        self.ctx = study_context(self.settings, plan)
+        self.storage = plan.optuna_storage()
+        self.study = optuna.load_study(study_name=name, storage=self.storage,
+                                       sampler=make_sampler(self.settings.sampler, self.settings.seed))
+        self.prune = prune
+        self._emit = on_event or (lambda kind, data: None)
+
+    def run(self, n_trials: int, deadline: float | None = None) -> RunReport:
+        """Up to n_trials trials; none is started that the deadline (time.time()) would cut short."""
+        # Trials of a driver that died are failed now and re-enqueued once with the same configuration.
+        fail_stale_trials(self.study)
+        report = RunReport()
+        for _ in range(n_trials):
+            if deadline is not None:
+                expected = _expected_trial_s(self.repo, self.settings.name) or 0.0
+                if time.time() + expected > deadline:
+                    report.stopped_early = "no time left in the window for another trial"
+                    break
+            report.trials.append(self.run_one())
+        return report
+
+    def run_one(self) -> TrialSummary:
+        trial = self.study.ask()
+        # If this driver dies, the heartbeats stop and the next driver re-runs this configuration.
+        beat = _Heartbeat(self.storage, trial._trial_id, self.plan.heartbeat_interval_s)
+        try:
+            return self._run(trial)
+        finally:
+            beat.stop()
+
+    def _config(self, trial: optuna.Trial) -> tuple[EngineConfig, bool]:
+        baseline = bool(trial.user_attrs.get(BASELINE_ATTR))
+        return (self.ctx.space.baseline() if baseline else self.ctx.space.suggest(trial)), baseline
+
+    def _run(self, trial: optuna.Trial) -> TrialSummary:
+        config, baseline = self._config(trial)
+        number = trial.number
+        trial.set_user_attr("engine_config", config.to_dict())
+        trial.set_user_attr("serve_command", config.serve_command(self.settings.model))
+        self._emit("trial_started", {"number": number, "baseline": baseline, "config": config.to_dict()})
+        violations = self.ctx.space.violations(config, self.ctx.space_context)
+        if violations:
+            return self._infeasible(trial, config, baseline, violations)
+        max_model_len = config.max_model_len or self.ctx.space_context.model_max_len
+        trace = fit_trace(self.ctx.trace, self.ctx.selection, max_model_len)
+        out_dir = self.plan.artifact_dir / "trials" / self.settings.name / f"trial-{number:04d}"
+        spec = TrialSpec(Path(self.settings.model), trace, config, out_dir,
+                         startup_timeout_s=self.settings.startup_timeout_s,
+                         request_timeout_s=self.settings.request_timeout_s)
+        watch = BoundaryWatch(self.ctx.boundary, trace.span_s) if self.prune else None
+        outcome = run_trial(spec, should_stop=watch,
+                            on_phase=lambda p: self._emit("phase", {"number": number, "phase": p}),
+                            on_request_done=lambda r: self._emit("request_done", {"number": number}))
+        attach_trial_artifacts(self.study, trial, [out_dir / "server.log", out_dir / "requests.csv",
+                                                   out_dir / "measurement.json"], self.plan.artifact_dir)
+        return self._conclude(trial, config, baseline, outcome, trace)
+
+    def _infeasible(self, trial: optuna.Trial, config: EngineConfig, baseline: bool,
+                    violations: list[str]) -> TrialSummary:
+        """Rejected before launch: told to Optuna as a trial that breaks a constraint, never launched."""
+        trial.set_user_attr("infeasible", violations)
+        trial.set_user_attr("feasible", False)
+        trial.set_constraint("search_space_rules", float(len(violations)))
+        now = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        stored = StoredTrial(
+            study_name=self.settings.name, trial_number=trial.number, attempt=_attempt(self.study, trial), state="infeasible",
+            engine_config=config.to_dict(), serve_command=config.serve_command(self.settings.model),
+            measurement=None, failure_class=None, failure_message=None, log_excerpt=None,
+            estimated_max_model_len=None, exit_code=None, timings={}, hardware=detect_hardware().to_dict(),
+            vllm_version="", started_at=now, finished_at=now, score={"feasible": False, "violations": violations},
+            prune_reason=None)
+        self.repo.save_trial(stored, [])
+        # Objective values are required with a completed trial; these are the worst possible and marked so.
+        trial.set_user_attr("objective_values", "not measured: rejected before launch")
+        self.study.tell(trial, [0.0, self.settings.request_timeout_s])
+        summary = TrialSummary(trial.number, "infeasible", baseline, config, reason="; ".join(violations))
+        self._emit("trial_done", {"summary": summary})
+        return summary
+
+    def _conclude(self, trial: optuna.Trial, config: EngineConfig, baseline: bool, outcome: TrialOutcome,
+                  trace: Trace) -> TrialSummary:
+        record = outcome.record
+        m = record.measurement
+        scored: Score | None = None
+        failure_class = reason = None
+        if record.failure is not None:
+            state, failure_class, reason = "failed", record.failure.kind.value, record.failure.message
+            trial.set_user_attr("failure_class", failure_class)
+            trial.set_user_attr("failure_message", reason[:500])
+            if record.failure.estimated_max_model_len is not None:
+                trial.set_user_attr("estimated_max_model_len", record.failure.estimated_max_model_len)
+        elif record.stop_reason is not None:
+            state, reason = "pruned", record.stop_reason
+            trial.set_user_attr("prune_reason", reason)
+        elif m is None or m.e2e_s.p95 is None:
+            state, failure_class, reason = "failed", "no_request_finished", "no request finished"
+            trial.set_user_attr("failure_class", failure_class)
+        else:
+            state = "complete"
+            scored = score(m, self.ctx.boundary, trace.span_s)
+            for key, value in scored.constraints.items():
+                trial.set_constraint(key, value)
+            trial.set_user_attr("feasible", scored.feasible)
+            if scored.violations:
+                trial.set_user_attr("violations", scored.violations)
+        if m is not None:
+            for key, value in (("completed", m.completed), ("requests", m.requests), ("preemptions", m.preemptions),
+                               ("ttft_p95_s", m.ttft_s.p95), ("e2e_p95_s", m.e2e_s.p95),
+                               ("output_tps", m.output_tps), ("queue_p95_s", m.queue_s_p95),
+                               ("kv_usage_peak", m.kv_usage_peak)):
+                trial.set_user_attr(key, value)
+        trial.set_user_attr("startup_s", record.timings.startup_s)
+        stored = StoredTrial.from_record(
+            self.settings.name, trial.number, record, state=state, attempt=_attempt(self.study, trial),
+            score=scored.to_dict() if scored else {}, prune_reason=record.stop_reason,
+            finished_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+        self.repo.save_trial(stored, [StoredRequest.from_record(r) for r in outcome.requests])
+        if state == "complete":
+            self.study.tell(trial, list(scored.objectives))
+        else:
+            self.study.tell(trial, state=TrialState.PRUNED if state == "pruned" else TrialState.FAIL)
+        summary = TrialSummary(trial.number, state, baseline, config, scored, failure_class, reason)
+        self._emit("trial_done", {"summary": summary})
+        return summary
+
+
+# --- reading a study back ------------------------------------------------------------------------------
+
+# Completed throughput within this share of the best counts as a tie, settled by the lower p95: in an open
+# loop every configuration that keeps up completes at about the offered rate.
+THROUGHPUT_TIE = 0.01
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    trial: StoredTrial
+    boundary: Boundary
+    baseline: StoredTrial | None  # vLLM's default configuration, as run first
+
+    @property
+    def gain(self) -> dict[str, float] | None:
+        """Throughput and p95 of the recommendation over the baseline's, when the baseline was scored."""
+        if self.baseline is None or not self.baseline.score.get("completed_rps"):
+            return None
+        rec, base = self.trial.score, self.baseline.score
+        return {"completed_rps_ratio": rec["completed_rps"] / base["completed_rps"],
+                "e2e_p95_ratio": rec["e2e_p95_s"] / base["e2e_p95_s"] if base.get("e2e_p95_s") else math.nan}
+
+
+def is_baseline(trial: StoredTrial, optuna_study: optuna.Study) -> bool:
+    frozen = optuna_study.trials[trial.trial_number]
+    return bool(frozen.user_attrs.get(BASELINE_ATTR))
+
+
+def recommend(repo: Repository, settings: StudySettings, optuna_study: optuna.Study) -> Recommendation | None:
+    """The feasible trial with the highest completed throughput (near-ties to the lower p95 latency)."""
+    trials = repo.trials(settings.name)
+    feasible = [t for t in trials if t.state == "complete" and t.score.get("feasible")]
+    baselines = [t for t in trials if is_baseline(t, optuna_study)]
+    baseline = next((t for t in baselines if t.state == "complete"), baselines[0] if baselines else None)
+    bound = boundary(settings.boundary, settings.limits)
+    if not feasible:
+        return None
+    top = max(t.score["completed_rps"] for t in feasible)
+    contenders = [t for t in feasible if t.score["completed_rps"] >= top * (1 - THROUGHPUT_TIE)]
+    best = min(contenders, key=lambda t: (t.score["e2e_p95_s"], -t.score["completed_rps"]))
+    return Recommendation(best, bound, baseline)
+
+
+def load_optuna_study(name: str, plan: StoragePlan) -> optuna.Study:
+    try:
+        return optuna.load_study(study_name=name, storage=plan.optuna_storage())
+    except KeyError:
+        raise TunerError(f"no study named {name}") from None
