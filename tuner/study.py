@@ -339,6 +339,25 @@ class StudyRunner:
         return summary
 
 
+def enqueue_config(name: str, plan: StoragePlan, config: EngineConfig) -> None:
+    """Queue a configuration to be run next, ahead of the sampler (a known good one, or one to check).
+
+    Its searched settings become the trial's parameters; settings the space fixes must agree with it."""
+    repo = plan.repository()
+    settings = repo.get_study(name)
+    space = _space_from_text(settings, plan.artifact_dir / "spaces" / name)
+    values = config.to_dict()
+    for key, fixed in space.fixed.items():
+        if key in values and values[key] != fixed:
+            raise TunerError(f"{key} is fixed to {fixed!r} in space {space.name}, got {values[key]!r}")
+    unknown = sorted(set(values) - set(space.fixed) - set(space.parameters))
+    if unknown:
+        raise TunerError(f"{unknown[0]} is not searched in space {space.name}: "
+                         f"searched are {', '.join(sorted(space.parameters)) or 'none'}")
+    load_optuna_study(name, plan).enqueue_trial({k: v for k, v in values.items() if k in space.parameters},
+                                                skip_if_exists=False)
+
+
 # --- reading a study back ------------------------------------------------------------------------------
 
 # Completed throughput within this share of the best counts as a tie, settled by the lower p95: in an open

@@ -173,6 +173,20 @@ def _open(name: str, storage: str | None, artifacts: Path | None):
     return plan, repo, repo.get_study(name), load_optuna_study(name, plan)
 
 
+@study_app.command("enqueue")
+def study_enqueue(name: Annotated[str, typer.Argument(help="The study.")],
+                  set_: Annotated[list[str], typer.Option("--set", help="Engine setting NAME=VALUE (repeatable).")],
+                  storage: StorageOption = None, artifacts: ArtifactsOption = None) -> None:
+    """Queue a configuration to run next, ahead of the sampler."""
+    from tuner.study import enqueue_config
+    from workers.engine_config import EngineConfig
+
+    out, _ = _console()
+    config = EngineConfig.from_assignments(set_)
+    enqueue_config(name, _plan(storage, artifacts), config)
+    out.print(f"enqueued in study {name}: {config.to_dict()}")
+
+
 @study_app.command("list")
 def study_list(storage: StorageOption = None, artifacts: ArtifactsOption = None, as_json: JsonOption = False) -> None:
     """Every study in the storage."""

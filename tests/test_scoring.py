@@ -1,0 +1,107 @@
+"""Scoring under a boundary, and the rule that stops a trial only once its boundary is certainly missed."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from tuner.errors import TunerError
+from tuner.pruning import BoundaryWatch
+from tuner.quantiles import percentile
+from tuner.scoring import BOUNDARIES, boundary, parse_limits, score
+from workers.measure import measure
+from workers.replay import InFlight, LiveReplay, Outcome, ReplayResult, RequestRecord
+
+
+def _record(i: int, e2e: float | None, ttft: float | None = 0.1, outcome: Outcome = Outcome.OK) -> RequestRecord:
+    return RequestRecord(i, 0.0, 0.0, 10, 10, 10 if outcome is Outcome.OK else 0, outcome, ttft_s=ttft, e2e_s=e2e)
+
+
+def _measurement(e2es: list[float | None], duration: float = 10.0):
+    records = [_record(i, e, outcome=Outcome.OK if e is not None else Outcome.DISCONNECTED) for i, e in enumerate(e2es)]
+    return measure(ReplayResult(records, duration, None, None))
+
+
+def test_score_objectives_and_constraints():
+    m = _measurement([1.0] * 19 + [50.0])
+    s = score(m, boundary("interactive"), trace_span_s=10.0)
+    assert s.objectives == (pytest.approx(2.0), pytest.approx(percentile([1.0] * 19 + [50.0], 95)))
+    assert s.constraints["e2e_p95_s"] == pytest.approx(s.e2e_p95_s - 30.0)
+    assert s.constraints["completion_ratio"] == pytest.approx(0.99 - 1.0)
+    assert s.feasible == (s.e2e_p95_s <= 30.0)
+
+
+def test_failures_break_the_completion_limit():
+    s = score(_measurement([1.0] * 9 + [None]), boundary("interactive"), 10.0)
+    assert not s.feasible and s.completion_ratio == 0.9
+    assert any("completion ratio 0.900" in v for v in s.violations)
+
+
+def test_batch_boundary_limits_makespan():
+    b = boundary("batch")
+    assert b.makespan_limit_s(100.0) == 260.0
+    s = score(_measurement([1.0] * 10, duration=300.0), b, 100.0)
+    assert not s.feasible and s.constraints["makespan_s"] == pytest.approx(40.0)
+
+
+def test_limits_override_and_are_checked():
+    b = boundary("interactive", parse_limits(["ttft_p95_s=0.5", "e2e_p95_s=none"]))
+    assert b.ttft_p95_s == 0.5 and b.e2e_p95_s is None and BOUNDARIES["interactive"].ttft_p95_s == 2.0
+    with pytest.raises(TunerError, match="unknown boundary limit 'p42'"):
+        boundary("interactive", {"p42": 1.0})
+    with pytest.raises(TunerError, match="must be positive"):
+        boundary("interactive", {"ttft_p95_s": -1.0})
+    with pytest.raises(TunerError, match="unknown boundary 'fast'"):
+        boundary("fast")
+    with pytest.raises(TunerError, match="expects a number"):
+        parse_limits(["ttft_p95_s=soon"])
+
+
+def _live(total: int, finished: list[RequestRecord], in_flight_ages: list[float] = (), now: float = 100.0):
+    live = LiveReplay(origin=0.0, total=total, finished=finished)
+    live.in_flight = {1000 + i: InFlight(sent=now - age) for i, age in enumerate(in_flight_ages)}
+    live.elapsed = lambda: now  # a frozen clock
+    return live
+
+
+def test_watch_stops_once_p95_cannot_be_met():
+    watch = BoundaryWatch(boundary("interactive", {"ttft_p95_s": None}), trace_span_s=10.0)
+    # 20 requests: p95 interpolates between ranks 18 and 19 (0-based), so 2 over the limit decide it.
+    assert watch(_live(20, [_record(0, 31.0)])) is None
+    assert "p95 cannot meet it" in watch(_live(20, [_record(0, 31.0), _record(1, 40.0)]))
+    # One over, one still in flight past the limit: that one may still fail instead, within the 1% budget?
+    # 20 * 1% rounds down to 0 failures allowed, so it must finish, over the limit.
+    assert watch(_live(20, [_record(0, 31.0)], in_flight_ages=[35.0])) is not None
+
+
+def test_watch_counts_failures_against_completion():
+    watch = BoundaryWatch(boundary("interactive", {"min_completion_ratio": 0.9}), trace_span_s=10.0)
+    two_failed = [_record(0, None, outcome=Outcome.HTTP_ERROR), _record(1, None, outcome=Outcome.TIMEOUT)]
+    assert watch(_live(20, two_failed)) is None  # 2 of 20 may fail
+    assert "completion ratio cannot reach" in watch(_live(20, two_failed + [_record(2, None, outcome=Outcome.HTTP_ERROR)]))
+
+
+def test_watch_never_stops_a_trial_that_could_still_be_feasible():
+    """Property: whenever the watch says stop, every completion of the replay is infeasible."""
+    rng = random.Random(7)
+    b = boundary("interactive", {"ttft_p95_s": None, "e2e_p95_s": 5.0, "min_completion_ratio": 0.9})
+    watch = BoundaryWatch(b, trace_span_s=10.0)
+    stopped = 0
+    for _ in range(400):
+        total = rng.randint(5, 40)
+        n_done = rng.randint(0, total)
+        done = [_record(i, rng.choice([1.0, 4.9, 6.0, None])) for i in range(n_done)]
+        done = [r if r.e2e_s is not None else _record(r.index, None, outcome=Outcome.HTTP_ERROR) for r in done]
+        ages = [rng.choice([1.0, 6.0]) for _ in range(rng.randint(0, total - n_done))]
+        if watch(_live(total, done, ages)) is None:
+            continue
+        stopped += 1
+        # The kindest ending: in-flight requests finish at their age, or fail if that helps; the rest are fast.
+        rest = total - n_done - len(ages)
+        for fail_k in range(len(ages) + 1):
+            ends = [r.e2e_s for r in done] + [None] * fail_k + sorted(ages)[: len(ages) - fail_k] + [0.1] * rest
+            finished = [e for e in ends if e is not None]
+            feasible = (len(finished) / total >= 0.9) and finished and percentile(finished, 95) <= 5.0
+            assert not feasible
+    assert stopped > 20  # the property was exercised

@@ -1,0 +1,193 @@
+"""A real study on the tiny model: baseline first, a Pareto front, rejected and failed proposals, a driver
+killed and resumed, export, and the Optuna dashboard in headless Chromium."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import optuna
+import pytest
+
+from conftest import AZURE_CONV, REPO, vllm_processes
+from storage import Repository
+from tuner.study import StoragePlan, enqueue_config, recommend
+from workers.engine_config import EngineConfig
+from workers.launch import free_port
+
+pytestmark = pytest.mark.vllm
+
+SPACE = """\
+name: test-study
+description: the tiny model under KV pressure, with room for proposals that must be refused or must fail
+fixed:
+  enforce_eager: true
+  max_model_len: 1024
+  kv_cache_memory_bytes: 268435456
+parameters:
+  max_num_seqs: {type: int, low: 2, high: 16}
+  num_gpu_blocks_override: {type: int, low: 4, high: 96}
+  max_num_batched_tokens: {type: categorical, choices: [8, 256, 1024, 2048]}
+"""
+# Each is run ahead of the sampler, in this order (the baseline is trial 0).
+INFEASIBLE = EngineConfig(max_num_seqs=16, max_num_batched_tokens=8, num_gpu_blocks_override=48)
+KV_INSUFFICIENT = EngineConfig(max_num_seqs=8, max_num_batched_tokens=1024, num_gpu_blocks_override=4)
+PRESSURED = EngineConfig(max_num_seqs=16, max_num_batched_tokens=1024, num_gpu_blocks_override=24)
+
+
+def tuner(*args: str, env: dict | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    result = subprocess.run([sys.executable, "-m", "tuner", *args], capture_output=True, text=True, timeout=900,
+                            env=env)
+    if check:
+        assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+@pytest.fixture(scope="module")
+def study(tiny_model, tmp_path_factory):
+    """Five trials: the baseline, three enqueued configurations and one the sampler proposes."""
+    root = tmp_path_factory.mktemp("study")
+    (root / "space.yaml").write_text(SPACE)
+    storage = f"sqlite:///{root / 'tuner.db'}"
+    common = ["--storage", storage, "--artifacts", str(root / "artifacts")]
+    tuner("study", "create", "s", "--model", str(tiny_model), "--trace", str(AZURE_CONV), "--max-requests", "16",
+          "--rate-scale", "100", "--fit", "clip", "--space", str(root / "space.yaml"), "--limit", "ttft_p95_s=20",
+          "--limit", "e2e_p95_s=60", "--seed", "3", *common)
+    plan = StoragePlan.resolve(storage, root / "artifacts")
+    for config in (INFEASIBLE, KV_INSUFFICIENT, PRESSURED):
+        enqueue_config("s", plan, config)
+    run = tuner("study", "run", "s", "--trials", "5", "--json", *common)
+    return {"root": root, "storage": storage, "common": common, "plan": plan, "run": json.loads(run.stdout)}
+
+
+def _trials(study):
+    return {t.trial_number: t for t in Repository(study["storage"]).trials("s")}
+
+
+def test_baseline_runs_first_with_vllms_defaults(study):
+    summaries = study["run"]["trials"]
+    assert [s["number"] for s in summaries] == [0, 1, 2, 3, 4]
+    first = summaries[0]
+    assert first["baseline"] and first["state"] == "complete"
+    # Nothing searched is set: the searched settings are vLLM's own defaults.
+    assert first["config"] == {"enforce_eager": True, "max_model_len": 1024, "kv_cache_memory_bytes": 268435456}
+
+
+def test_an_infeasible_proposal_is_rejected_without_launch(study):
+    trial = _trials(study)[1]
+    assert trial.state == "infeasible" and trial.measurement is None
+    assert any("max_num_batched_tokens" in v for v in trial.score["violations"])
+    assert not (study["root"] / "artifacts" / "trials" / "s" / "trial-0001").exists(), "it must never launch"
+    frozen = optuna.load_study(study_name="s", storage=study["storage"]).trials[1]
+    assert frozen.constraints["search_space_rules"] > 0
+
+
+def test_kv_insufficient_is_a_failed_trial_never_recommended(study):
+    trial = _trials(study)[2]
+    assert trial.state == "failed" and trial.failure_class == "kv_insufficient"
+    assert trial.estimated_max_model_len is not None and trial.estimated_max_model_len < 1024
+    failures = Repository(study["storage"]).launch_failures("s")
+    assert [f["failure_class"] for f in failures if f["trial_number"] == 2] == ["kv_insufficient"]
+    assert "estimated maximum model length" in failures[[f["trial_number"] for f in failures].index(2)]["log_excerpt"]
+    optuna_study = optuna.load_study(study_name="s", storage=study["storage"])
+    assert optuna_study.trials[2].state is optuna.trial.TrialState.FAIL
+    rec = recommend(Repository(study["storage"]), Repository(study["storage"]).get_study("s"), optuna_study)
+    assert rec is not None and rec.trial.trial_number != 2
+
+
+def test_pareto_front_and_recommendation(study):
+    optuna_study = optuna.load_study(study_name="s", storage=study["storage"])
+    front = optuna_study.best_trials
+    assert front, "the Pareto front must not be empty"
+    trials = _trials(study)
+    assert all(trials[t.number].score.get("feasible") for t in front)
+    pressured = trials[3]
+    assert pressured.state == "complete" and pressured.measurement["preemptions"] > 0
+    best = json.loads(tuner("study", "best", "s", "--json", *study["common"]).stdout)
+    assert best["serve_command"].startswith("vllm serve ") and best["boundary"]["name"] == "interactive"
+    assert best["hardware"]["cpu_cores"] >= 1 and best["vllm_version"] == "0.32.0"
+    assert best["baseline"]["trial"] == 0 and best["gain"]["completed_rps_ratio"] > 0
+    text = tuner("study", "best", "s", *study["common"]).stdout
+    assert "vllm serve" in text and "measured on CPU" in text and "default configuration" in text
+
+
+def test_export_holds_every_trial_with_its_measurements(study):
+    exported = json.loads(tuner("study", "export", "s", "--requests", *study["common"]).stdout)
+    rows = {t["trial_number"]: t for t in exported["trials"]}
+    assert sorted(rows) == [0, 1, 2, 3, 4]
+    for number in (0, 3):
+        assert rows[number]["measurement"]["completed"] == 16 and len(rows[number]["requests"]) == 16
+    assert rows[2]["failure_class"] == "kv_insufficient" and rows[1]["state"] == "infeasible"
+    assert any(t["pareto"] for t in exported["trials"])
+
+
+def test_dashboard_shows_the_pareto_front_and_trial_attributes(study):
+    from playwright.sync_api import sync_playwright
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "tuner", "dashboard", "--port", str(port), *study["common"]],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(100):
+            try:
+                if httpx.get(f"{url}/dashboard").status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        artifacts = REPO / "test-artifacts"
+        artifacts.mkdir(exist_ok=True)
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=[
+                "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                "--disable-sync", "--no-first-run"])
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            errors: list[str] = []
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.goto(f"{url}/dashboard/studies/1", wait_until="networkidle")
+            page.get_by_text("Pareto Front").first.wait_for()
+            page.locator(".js-plotly-plot .scatterlayer .point").first.wait_for()
+            assert page.locator(".js-plotly-plot .scatterlayer .point").count() >= 2
+            page.screenshot(path=str(artifacts / "dashboard-study.png"), full_page=True)
+            page.goto(f"{url}/dashboard/studies/1/trials", wait_until="networkidle")
+            page.get_by_text("User Attributes").first.wait_for()
+            body = page.inner_text("body")
+            for attr in ("preemptions", "completed", "ttft_p95_s", "feasible", "baseline", "serve_command"):
+                assert attr in body
+            page.screenshot(path=str(artifacts / "dashboard-trials.png"), full_page=True)
+            browser.close()
+        assert not errors, errors
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_killed_driver_resumes_keeping_finished_trials_and_rerunning_the_interrupted(study):
+    before = _trials(study)
+    args = ["study", "run", "s", "--trials", "1", "--heartbeat", "1", "--grace", "2", *study["common"]]
+    proc = subprocess.Popen([sys.executable, "-m", "tuner", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    log = study["root"] / "artifacts" / "trials" / "s" / "trial-0005" / "server.log"
+    deadline = time.monotonic() + 300
+    while not (log.exists() and "POST /v1/completions" in log.read_text(errors="replace")):
+        assert proc.poll() is None and time.monotonic() < deadline, "trial 5 never reached its replay"
+        time.sleep(0.5)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(10)
+    for _ in range(60):
+        if not vllm_processes():
+            break
+        time.sleep(0.5)
+    time.sleep(3)  # past the grace period: trial 5 is now stale
+    tuner(*args)
+    after = _trials(study)
+    assert {n: after[n] for n in before} == before, "finished trials must be kept as they were"
+    optuna_study = optuna.load_study(study_name="s", storage=study["storage"])
+    assert optuna_study.trials[5].state is optuna.trial.TrialState.FAIL and 5 not in after
+    rerun = optuna_study.trials[6]
+    assert rerun.params == optuna_study.trials[5].params and rerun.state is not optuna.trial.TrialState.RUNNING
+    assert after[6].attempt == 2
