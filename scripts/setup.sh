@@ -1,8 +1,15 @@
 #!/usr/bin/env bash
 # Set up tuner on a fresh machine without a GPU: a virtual environment with the CPU build of vLLM, the test
-# tools, and the tiny random-weight model. Nothing downloads model weights.
+# tools, Debian's Chromium for the browser tests, and the tiny random-weight model. Nothing downloads weights.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends chromium >/dev/null
+else
+  echo "not root: install Debian's chromium yourself for the browser tests" >&2
+fi
 python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e ".[cpu,test]"

@@ -98,6 +98,9 @@ def write_tiny_model(folder: str | Path, seed: int = 0) -> Path:
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()
 
     target = Path(folder)
     target.mkdir(parents=True, exist_ok=True)

@@ -133,6 +133,11 @@ def create_study(name: str, *, model: str | Path, trace_path: str | Path, select
     info = inspect_model(model)
     loaded_space = load_space(space)
     trace = load_trace(trace_path, selection)
+    platform = "cuda" if detect_hardware().accelerator == "cuda" else "cpu"
+    refused = loaded_space.violations(loaded_space.baseline(),
+                                      SpaceContext.for_run(platform, info, trace, selection.fit))
+    if refused:
+        raise TunerError(f"the space's baseline (its fixed values) would be refused: {'; '.join(refused)}")
     repo = plan.repository()
     storage = plan.optuna_storage()
     if name in {s.study_name for s in optuna.get_all_study_summaries(storage, include_best_trial=False)} \
