@@ -16,6 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from tuner.errors import TunerError
+from tuner.report_cli import compare, study_report
 from tuner.study_cli import dashboard, study_app
 
 app = typer.Typer(help="Find the vLLM engine settings that serve your own traffic best, by measuring them.",
@@ -28,6 +29,8 @@ app.add_typer(trace_app, name="trace")
 app.add_typer(trial_app, name="trial")
 app.add_typer(study_app, name="study")
 app.command("dashboard")(dashboard)
+study_app.command("report")(study_report)
+app.command("compare")(compare)
 
 out = Console()
 err = Console(stderr=True)

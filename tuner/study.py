@@ -7,6 +7,7 @@ default configuration (the search space's fixed values alone) as an enqueued bas
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 import threading
@@ -18,6 +19,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import optuna
+import ray
 from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback, fail_stale_trials
 from optuna.trial import TrialState
 
@@ -35,7 +37,8 @@ from tuner.traces.selection import TraceSelection, fit_trace, load_trace
 from tuner.traces.stats import trace_stats
 from workers.engine_config import EngineConfig
 from workers.failures import FailureClass
-from workers.trial import TrialOutcome, TrialSpec, run_trial
+from workers.pool import WorkerLost, WorkerPool, WorkerResult
+from workers.trial import ARTIFACTS, TrialOutcome, TrialSpec
 
 SAMPLERS = ("tpe", "random", "nsga2")
 
@@ -45,6 +48,7 @@ warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning
 warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 BASELINE_ATTR = "baseline"
+RERUN_ATTR = "rerun_of"  # a configuration re-run because its worker was lost
 
 
 @dataclass(frozen=True)
@@ -210,11 +214,23 @@ def _expected_trial_s(repo: Repository, name: str) -> float | None:
     return statistics.median(totals) if totals else None
 
 
-class StudyRunner:
-    """Runs a stored study's trials one after another: ask, launch and measure, score, store, tell."""
+@dataclass
+class _InFlight:
+    trial: optuna.Trial
+    config: EngineConfig
+    baseline: bool
+    trace: Trace
+    slot: int
+    beat: _Heartbeat
+    slot_freed_at: float | None = None  # when the trial before it on this slot ended (time.time())
 
-    def __init__(self, name: str, plan: StoragePlan, *, prune: bool = True,
-                 on_event: Callable[[str, dict], None] | None = None):
+
+class StudyRunner:
+    """Runs a stored study's trials on Ray workers, `parallel` at a time: ask, launch and measure on a slot,
+    score, store, tell, and ask again as soon as a slot frees."""
+
+    def __init__(self, name: str, plan: StoragePlan, *, prune: bool = True, parallel: int | None = None,
+                 ray_address: str | None = None, on_event: Callable[[str, dict], None] | None = None):
         self.plan = plan
         self.repo = plan.repository()
         self.settings = self.repo.get_study(name)
@@ -223,6 +239,8 @@ class StudyRunner:
         self.study = optuna.load_study(study_name=name, storage=self.storage,
                                        sampler=make_sampler(self.settings.sampler, self.settings.seed))
         self.prune = prune
+        self.parallel = parallel
+        self.ray_address = ray_address
         self._emit = on_event or (lambda kind, data: None)
 
     def run(self, n_trials: int, deadline: float | None = None) -> RunReport:
@@ -230,50 +248,118 @@ class StudyRunner:
         # Trials of a driver that died are failed now and re-enqueued once with the same configuration.
         fail_stale_trials(self.study)
         report = RunReport()
-        for _ in range(n_trials):
-            if deadline is not None:
-                expected = _expected_trial_s(self.repo, self.settings.name) or 0.0
-                if time.time() + expected > deadline:
-                    report.stopped_early = "no time left in the window for another trial"
-                    break
-            report.trials.append(self.run_one())
+        tp = self.ctx.space.baseline().tensor_parallel_size or 1
+        hardware = detect_hardware()
+        with WorkerPool(self.parallel, ray_address=self.ray_address, tensor_parallel_size=tp,
+                        local_gpus=hardware.gpu_count) as pool:
+            self._emit("pool_ready", {"slots": len(pool.slots), "pool": pool})
+            free = [slot.index for slot in pool.slots]
+            freed_at: dict[int, float] = {}
+            in_flight: dict[ray.ObjectRef, _InFlight] = {}
+            started = 0
+            try:
+                while True:
+                    while free and started < n_trials and report.stopped_early is None:
+                        if deadline is not None and time.time() + (
+                                _expected_trial_s(self.repo, self.settings.name) or 0.0) > deadline:
+                            report.stopped_early = "no time left in the window for another trial"
+                            break
+                        started += 1
+                        job = self._start(pool, free[0])
+                        if isinstance(job, TrialSummary):  # rejected before launch: the slot stays free
+                            report.trials.append(job)
+                            continue
+                        job[0].slot_freed_at = freed_at.get(free[0])
+                        in_flight[pool.submit(free.pop(0), job[1])] = job[0]
+                    if not in_flight:
+                        break
+                    (ref,), _ = ray.wait(list(in_flight), num_returns=1)
+                    job = in_flight.pop(ref)
+                    freed_at[job.slot] = time.time()
+                    try:
+                        result: WorkerResult = ray.get(ref)
+                    except WorkerLost as exc:
+                        report.trials.append(self._lost(job, exc))
+                        pool.replace_worker(job.slot)
+                        started -= 1  # the re-run of a lost trial does not use up the budget
+                    else:
+                        # Scheduling overhead: from the slot freeing to this trial reaching its worker.
+                        waited = None if job.slot_freed_at is None else result.received_at - job.slot_freed_at
+                        self._emit("worker_done", {"number": job.trial.number, "slot": job.slot,
+                                                   "node": result.node, "scheduling_s": waited})
+                        report.trials.append(self._finish(job, result))
+                    finally:
+                        job.beat.stop()
+                    free.append(job.slot)
+            finally:
+                # Ctrl-C or any error: the pool's shutdown kills every worker and so every engine. The trials
+                # in flight stay RUNNING without heartbeat, so the next driver re-runs them.
+                for job in in_flight.values():
+                    job.beat.stop()
         return report
-
-    def run_one(self) -> TrialSummary:
-        trial = self.study.ask()
-        # If this driver dies, the heartbeats stop and the next driver re-runs this configuration.
-        beat = _Heartbeat(self.storage, trial._trial_id, self.plan.heartbeat_interval_s)
-        try:
-            return self._run(trial)
-        finally:
-            beat.stop()
 
     def _config(self, trial: optuna.Trial) -> tuple[EngineConfig, bool]:
         baseline = bool(trial.user_attrs.get(BASELINE_ATTR))
         return (self.ctx.space.baseline() if baseline else self.ctx.space.suggest(trial)), baseline
 
-    def _run(self, trial: optuna.Trial) -> TrialSummary:
+    def _start(self, pool: WorkerPool, slot: int) -> tuple[_InFlight, TrialSpec] | TrialSummary:
+        trial = self.study.ask()
         config, baseline = self._config(trial)
         number = trial.number
         trial.set_user_attr("engine_config", config.to_dict())
         trial.set_user_attr("serve_command", config.serve_command(self.settings.model))
-        self._emit("trial_started", {"number": number, "baseline": baseline, "config": config.to_dict()})
+        self._emit("trial_started", {"number": number, "baseline": baseline, "config": config.to_dict(),
+                                     "slot": slot, "at": time.time()})
         violations = self.ctx.space.violations(config, self.ctx.space_context)
         if violations:
             return self._infeasible(trial, config, baseline, violations)
         max_model_len = config.max_model_len or self.ctx.space_context.model_max_len
         trace = fit_trace(self.ctx.trace, self.ctx.selection, max_model_len)
-        out_dir = self.plan.artifact_dir / "trials" / self.settings.name / f"trial-{number:04d}"
-        spec = TrialSpec(Path(self.settings.model), trace, config, out_dir,
+        spec = TrialSpec(Path(self.settings.model), trace, config, self._trial_dir(number),
                          startup_timeout_s=self.settings.startup_timeout_s,
-                         request_timeout_s=self.settings.request_timeout_s)
-        watch = BoundaryWatch(self.ctx.boundary, trace.span_s) if self.prune else None
-        outcome = run_trial(spec, should_stop=watch,
-                            on_phase=lambda p: self._emit("phase", {"number": number, "phase": p}),
-                            on_request_done=lambda r: self._emit("request_done", {"number": number}))
-        attach_trial_artifacts(self.study, trial, [out_dir / "server.log", out_dir / "requests.csv",
-                                                   out_dir / "measurement.json"], self.plan.artifact_dir)
-        return self._conclude(trial, config, baseline, outcome, trace)
+                         request_timeout_s=self.settings.request_timeout_s,
+                         stop_rule=BoundaryWatch(self.ctx.boundary, trace.span_s) if self.prune else None)
+        # If this driver dies, the heartbeats stop and the next driver re-runs this configuration.
+        beat = _Heartbeat(self.storage, trial._trial_id, self.plan.heartbeat_interval_s)
+        return _InFlight(trial, config, baseline, trace, slot, beat), spec
+
+    def _trial_dir(self, number: int) -> Path:
+        return self.plan.artifact_dir / "trials" / self.settings.name / f"trial-{number:04d}"
+
+    def _finish(self, job: _InFlight, result: WorkerResult) -> TrialSummary:
+        """Bring the worker's files into the driver's artifact store, then score, store and tell."""
+        out_dir = self._trial_dir(job.trial.number)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for name, data in result.files.items():
+            (out_dir / name).write_bytes(data)
+        record = dataclasses.replace(result.outcome.record, log_path=str(out_dir / "server.log"))
+        outcome = dataclasses.replace(result.outcome, record=record)
+        attach_trial_artifacts(self.study, job.trial, [out_dir / name for name in ARTIFACTS], self.plan.artifact_dir)
+        return self._conclude(job.trial, job.config, job.baseline, outcome, job.trace)
+
+    def _not_measured(self, trial: optuna.Trial, config: EngineConfig, state: str, score: dict,
+                      failure_class: str | None = None, message: str | None = None) -> None:
+        now = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        self.repo.save_trial(StoredTrial(
+            study_name=self.settings.name, trial_number=trial.number, attempt=_attempt(self.study, trial),
+            state=state, engine_config=config.to_dict(), serve_command=config.serve_command(self.settings.model),
+            measurement=None, failure_class=failure_class, failure_message=message, log_excerpt=None,
+            estimated_max_model_len=None, exit_code=None, timings={}, hardware=detect_hardware().to_dict(),
+            vllm_version="", started_at=now, finished_at=now, score=score, prune_reason=None), [])
+
+    def _lost(self, job: _InFlight, exc: Exception) -> TrialSummary:
+        """The worker (or its node) died mid-trial: not the configuration's fault, so it is run once more."""
+        trial, message = job.trial, f"the worker running this trial was lost: {exc.__class__.__name__}"
+        trial.set_user_attr("failure_class", "worker_lost")
+        self._not_measured(trial, job.config, "worker_lost", {}, "worker_lost", message)
+        self.study.tell(trial, state=TrialState.FAIL)
+        if not trial.user_attrs.get(RERUN_ATTR):
+            attrs = {RERUN_ATTR: trial.number, **({BASELINE_ATTR: True} if job.baseline else {})}
+            self.study.enqueue_trial(dict(trial.params), user_attrs=attrs, skip_if_exists=False)
+        summary = TrialSummary(trial.number, "worker_lost", job.baseline, job.config, failure_class="worker_lost",
+                               reason=message)
+        self._emit("trial_done", {"summary": summary})
+        return summary
 
     def _infeasible(self, trial: optuna.Trial, config: EngineConfig, baseline: bool,
                     violations: list[str]) -> TrialSummary:
@@ -281,15 +367,7 @@ class StudyRunner:
         trial.set_user_attr("infeasible", violations)
         trial.set_user_attr("feasible", False)
         trial.set_constraint("search_space_rules", float(len(violations)))
-        now = datetime.now(timezone.utc).isoformat(timespec="seconds")
-        stored = StoredTrial(
-            study_name=self.settings.name, trial_number=trial.number, attempt=_attempt(self.study, trial), state="infeasible",
-            engine_config=config.to_dict(), serve_command=config.serve_command(self.settings.model),
-            measurement=None, failure_class=None, failure_message=None, log_excerpt=None,
-            estimated_max_model_len=None, exit_code=None, timings={}, hardware=detect_hardware().to_dict(),
-            vllm_version="", started_at=now, finished_at=now, score={"feasible": False, "violations": violations},
-            prune_reason=None)
-        self.repo.save_trial(stored, [])
+        self._not_measured(trial, config, "infeasible", {"feasible": False, "violations": violations})
         # Objective values are required with a completed trial; these are the worst possible and marked so.
         trial.set_user_attr("objective_values", "not measured: rejected before launch")
         self.study.tell(trial, [0.0, self.settings.request_timeout_s])

@@ -103,6 +103,10 @@ def _deadline(timeout: float | None, until: str | None) -> float | None:
 def study_run(
     name: Annotated[str, typer.Argument(help="The study.")],
     trials: Annotated[int, typer.Option(min=1, help="Trials to run now.")] = 8,
+    parallel: Annotated[Optional[int], typer.Option(min=1, help="Trials in flight at once; default: every free "
+                                                               "slot (GPUs / tensor_parallel_size, or 1 CPU slot).")] = None,
+    ray_address: Annotated[Optional[str], typer.Option(envvar="RAY_ADDRESS", help="Join this Ray cluster instead "
+                                                                                 "of starting a local one.")] = None,
     timeout: Annotated[Optional[float], typer.Option(help="Start no trial that would end after S seconds.")] = None,
     until: Annotated[Optional[str], typer.Option(help="Start no trial that would end after HH:MM.")] = None,
     prune: Annotated[bool, typer.Option(help="Stop a trial once its boundary can no longer be met.")] = True,
@@ -111,7 +115,8 @@ def study_run(
                                                    "interrupted and is re-run.")] = 90,
     storage: StorageOption = None, artifacts: ArtifactsOption = None, as_json: JsonOption = False,
 ) -> None:
-    """Run trials of a study: each launches vLLM, replays the trace, and is scored under the boundary."""
+    """Run trials of a study on Ray workers: each launches vLLM, replays the trace, and is scored under the
+    boundary."""
     from tuner.study import StudyRunner
 
     out, err = _console()
@@ -119,26 +124,26 @@ def study_run(
     plan = _plan(storage, artifacts, heartbeat_interval_s=heartbeat, grace_period_s=grace)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=err, transient=True, disable=as_json) as progress:
-        overall = progress.add_task(f"study {name}", total=trials)
-        current = progress.add_task("", total=None, visible=False)
+        overall = progress.add_task(f"study {name}: starting Ray", total=trials)
+        running: dict[int, int] = {}
 
         def on_event(kind: str, data: dict) -> None:
-            if kind == "trial_started":
+            if kind == "pool_ready":
+                progress.update(overall, description=f"study {name} ({data['slots']} slots)")
+            elif kind == "trial_started":
                 what = "baseline (vLLM defaults)" if data["baseline"] else data["config"]
-                progress.update(current, description=f"trial {data['number']}: {what}", completed=0,
-                                total=None, visible=True)
-            elif kind == "phase":
-                progress.update(current, description=f"trial {data['number']}: {data['phase']}")
-                if data["phase"] == "replaying":
-                    progress.update(current, total=len(runner.ctx.trace.requests))
-            elif kind == "request_done":
-                progress.advance(current)
+                running[data["number"]] = progress.add_task(f"  trial {data['number']} on slot {data['slot']}: "
+                                                            f"{what}", total=None)
             elif kind == "trial_done":
+                summary = data["summary"]
+                if summary.number in running:
+                    progress.remove_task(running.pop(summary.number))
                 progress.advance(overall)
                 if not as_json:
-                    err.print(_summary_line(data["summary"]), highlight=False)
+                    err.print(_summary_line(summary), highlight=False)
 
-        runner = StudyRunner(name, plan, prune=prune, on_event=on_event)
+        runner = StudyRunner(name, plan, prune=prune, parallel=parallel, ray_address=ray_address,
+                             on_event=on_event)
         report = runner.run(trials, deadline)
     if as_json:
         return _print_json({"trials": [_summary_dict(s) for s in report.trials],

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import ctypes
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -17,11 +15,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
-import psutil
 
 from tuner.models import inspect_model
 from workers.engine_config import EngineConfig
 from workers.failures import EngineFailure, classify_failure
+from workers.process_group import die_with_parent, terminate_group
 
 SERVED_MODEL_NAME = "model"
 STOP_GRACE_S = 10.0
@@ -92,44 +90,9 @@ def engine_argv(model: str | Path, config: EngineConfig, port: int, extra_args: 
     return argv + list(extra_args)
 
 
-def _die_with_parent() -> None:
-    # Runs in the child before exec: if the launching process dies (even by SIGKILL), the kernel sends
-    # SIGTERM to the engine, whose own handler then stops its engine-core children.
-    PR_SET_PDEATHSIG = 1
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
-def _group_members(pgid: int) -> list[psutil.Process]:
-    members = []
-    for proc in psutil.process_iter():
-        with contextlib.suppress(psutil.Error, ProcessLookupError, PermissionError):
-            if os.getpgid(proc.pid) == pgid:
-                members.append(proc)
-    return members
-
-
 def stop_process_group(process: subprocess.Popen) -> None:
-    """SIGTERM the group, wait, then SIGKILL whatever of it is left.
-
-    The group id is the server's pid (it was started in a session of its own), and it outlives the server:
-    engine-core processes orphaned by a server that was killed outright are still found and stopped.
-    """
-    pgid = process.pid
-    members = _group_members(pgid)
-    with contextlib.suppress(psutil.Error):
-        members += psutil.Process(process.pid).children(recursive=True)
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGTERM)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        process.wait(timeout=STOP_GRACE_S)
-    _, alive = psutil.wait_procs(members, timeout=max(0.5, STOP_GRACE_S / 2))
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGKILL)
-    for proc in alive:
-        with contextlib.suppress(psutil.Error):
-            proc.kill()
-    psutil.wait_procs(alive, timeout=5)
+    """Stop the engine's group: its guard (the group leader, whose pid is the group id) and all it started."""
+    terminate_group(process.pid, STOP_GRACE_S)
     with contextlib.suppress(subprocess.TimeoutExpired):
         process.wait(timeout=5)
 
@@ -162,9 +125,12 @@ def start_engine(model: str | Path, config: EngineConfig, log_path: str | Path, 
     argv = engine_argv(model, config, port, list(extra_args))
     started = time.monotonic()
     with open(log_path, "wb") as log:
-        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        # The guard leads a new session (so a group kill reaches everything the server starts) and dies,
+        # taking the group with it, if this process dies.
+        process = subprocess.Popen([sys.executable, "-m", "workers.engine_guard", *argv], stdout=log,
+                                   stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                    env={**os.environ, **(env or {})}, start_new_session=True,
-                                   preexec_fn=_die_with_parent)
+                                   preexec_fn=die_with_parent)
     engine = RunningEngine(process, argv, f"http://127.0.0.1:{port}", log_path, 0.0)
     _LIVE.add(engine)
     try:

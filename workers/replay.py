@@ -261,15 +261,17 @@ async def replay(base_url: str, requests: list[ReplayRequest], *, timeout_s: flo
 
         watcher = asyncio.create_task(watch())
 
+        def stopped(req: ReplayRequest, sent: float | None) -> RequestRecord:
+            return RequestRecord(req.index, req.scheduled_s, sent, req.requested_tokens, req.input_tokens, 0,
+                                 Outcome.STOPPED, error=f"replay stopped: {stop_reason}")
+
         async def tracked(req: ReplayRequest) -> RequestRecord:
             progress = live.in_flight[req.index] = InFlight(time.perf_counter())
             try:
                 record = await send_completion(clients[req.index % _CLIENT_POOLS], url, req, live.origin,
                                                timeout_s, progress)
             except asyncio.CancelledError:
-                record = RequestRecord(req.index, req.scheduled_s, progress.sent - live.origin,
-                                       req.requested_tokens, req.input_tokens, 0, Outcome.STOPPED,
-                                       error=f"replay stopped: {stop_reason}")
+                record = stopped(req, progress.sent - live.origin)
             del live.in_flight[req.index]
             live.finished.append(record)
             if on_done is not None:
@@ -284,7 +286,14 @@ async def replay(base_url: str, requests: list[ReplayRequest], *, timeout_s: flo
                                        else "the engine was gone before this request was due"))
                 continue
             tasks[req.index] = asyncio.create_task(tracked(req))
-        records = list(await asyncio.gather(*tasks.values()))
+        by_index = {req.index: req for req in requests}
+        records = []
+        for i, result in zip(tasks, await asyncio.gather(*tasks.values(), return_exceptions=True)):
+            if isinstance(result, asyncio.CancelledError):  # cancelled before it ever ran
+                result = stopped(by_index[i], None)
+            elif isinstance(result, BaseException):
+                raise result
+            records.append(result)
         duration = time.perf_counter() - live.origin
         watcher.cancel()
         if sampler_task is not None:

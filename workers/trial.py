@@ -8,7 +8,7 @@ import json
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
@@ -20,6 +20,7 @@ from workers.engine_config import EngineConfig
 from workers.launch import SERVED_MODEL_NAME, EngineLaunchError, start_engine
 from workers.measure import Measurement, TrialRecord, TrialTimings, measure
 from workers.replay import LiveReplay, RequestRecord, prepare_requests, replay
+from workers.server_metrics import TimelineSample
 
 
 @dataclass(frozen=True)
@@ -33,12 +34,15 @@ class TrialSpec:
     extra_args: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
     seed: int = 0
+    # Ends the replay early with a reason (a boundary that can no longer be met); must pickle, to reach workers.
+    stop_rule: Callable[[LiveReplay], str | None] | None = None
 
 
 @dataclass(frozen=True)
 class TrialOutcome:
     record: TrialRecord
     requests: list[RequestRecord]
+    timeline: list[TimelineSample] = field(default_factory=list)  # vLLM's running, waiting, KV usage
 
 
 def vllm_version() -> str:
@@ -59,9 +63,8 @@ def trace_summary(trace: Trace) -> dict:
 
 
 def run_trial(spec: TrialSpec, *, on_request_done: Callable[[RequestRecord], None] | None = None,
-              on_phase: Callable[[str], None] | None = None, cancel: threading.Event | None = None,
-              should_stop: Callable[[LiveReplay], str | None] | None = None) -> TrialOutcome:
-    """Run one trial to the end (or until `should_stop` gives a reason); the engine is stopped before this
+              on_phase: Callable[[str], None] | None = None, cancel: threading.Event | None = None) -> TrialOutcome:
+    """Run one trial to the end (or until its stop rule gives a reason); the engine is stopped before this
     returns, on every path."""
     phase = on_phase or (lambda _: None)
     info = inspect_model(spec.model)
@@ -87,18 +90,18 @@ def run_trial(spec: TrialSpec, *, on_request_done: Callable[[RequestRecord], Non
     try:
         phase("replaying")
         result = asyncio.run(replay(engine.base_url, prepared, timeout_s=spec.request_timeout_s,
-                                    engine_alive=engine.alive, should_stop=should_stop, on_done=on_request_done))
+                                    engine_alive=engine.alive, should_stop=spec.stop_rule, on_done=on_request_done))
         measurement = measure(result)
         if result.engine_lost or not engine.alive():
             failure = engine.failure()
         replay_s = time.monotonic() - replay_started
-        requests = result.records
+        requests, timeline = result.records, result.timeline
     finally:
         phase("stopping engine")
         teardown_s = engine.stop()
     record = TrialRecord(**base, argv=engine.argv, timings=TrialTimings(engine.startup_s, replay_s, teardown_s),
                          measurement=measurement, failure=failure, stop_reason=result.stop_reason)
-    return _finish(spec, TrialOutcome(record, requests))
+    return _finish(spec, TrialOutcome(record, requests, timeline))
 
 
 def _finish(spec: TrialSpec, outcome: TrialOutcome) -> TrialOutcome:
@@ -106,11 +109,20 @@ def _finish(spec: TrialSpec, outcome: TrialOutcome) -> TrialOutcome:
     return outcome
 
 
+ARTIFACTS = ("server.log", "measurement.json", "requests.csv", "timeline.csv")
+
+
 def write_artifacts(outcome: TrialOutcome, out_dir: Path) -> None:
-    """measurement.json (the whole record) and requests.csv (one row per request) beside server.log."""
+    """measurement.json (the whole record), requests.csv (one row per request) and timeline.csv (vLLM's
+    gauges sampled during the replay) beside server.log."""
     (out_dir / "measurement.json").write_text(json.dumps(outcome.record.to_dict(), indent=2) + "\n")
-    with open(out_dir / "requests.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(RequestRecord.__dataclass_fields__))
+    _write_csv(out_dir / "requests.csv", list(RequestRecord.__dataclass_fields__), [r.to_dict() for r in outcome.requests])
+    _write_csv(out_dir / "timeline.csv", list(TimelineSample.__dataclass_fields__),
+               [asdict(s) for s in outcome.timeline])
+
+
+def _write_csv(path: Path, columns: list[str], rows: list[dict]) -> None:
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns)
         writer.writeheader()
-        for r in outcome.requests:
-            writer.writerow(r.to_dict())
+        writer.writerows(rows)

@@ -1,0 +1,174 @@
+"""Search efficiency on real vLLM: a full grid measured once, then the tuner's sampler and random search with
+a third of the grid's trials, several seeds each, choosing among those measured configurations.
+
+Phase 1 (real, minutes): every configuration of a 12-point grid (max_num_seqs x KV blocks x
+max_num_batched_tokens) is launched and replays the same trace slice, without pruning; the records are kept
+in --grid FILE (reused if it exists). Phase 2 (seconds): for each seed, an Optuna study over exactly those grid
+values asks for configurations, each answered with its real measurement, scored under the boundary as a study
+scores it; the best feasible throughput reached (the study's recommendation rule) is compared with the grid's
+best. Also: the trial time the pruning rule saves, applying tuner.pruning.BoundaryWatch to each grid
+configuration's recorded request timeline as the live replay would have seen it.
+
+    .venv/bin/python benchmarks/search_efficiency.py --model DIR --grid benchmarks/results/grid.json \
+        [--seeds 10] [--limit e2e_p95_s=4] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import statistics
+import sys
+import tempfile
+from dataclasses import asdict
+from pathlib import Path
+
+import optuna
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tuner.pruning import BoundaryWatch  # noqa: E402
+from tuner.scoring import DIRECTIONS, boundary, parse_limits, score  # noqa: E402
+from tuner.study import THROUGHPUT_TIE, make_sampler  # noqa: E402
+from tuner.traces.selection import TraceSelection, load_trace  # noqa: E402
+from workers.engine_config import EngineConfig  # noqa: E402
+from workers.measure import Measurement, Percentiles  # noqa: E402
+from workers.replay import InFlight, LiveReplay, Outcome, RequestRecord  # noqa: E402
+from workers.trial import TrialSpec, run_trial  # noqa: E402
+
+TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "azure_conv_2023.csv"
+SELECTION = TraceSelection(max_requests=24, rate_scale=8.0, fit="clip")
+FIXED = dict(enforce_eager=True, max_model_len=1024, kv_cache_memory_bytes=268435456)
+GRID = {"max_num_seqs": [2, 8, 16], "num_gpu_blocks_override": [16, 48], "max_num_batched_tokens": [256, 1024]}
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def key(params: dict) -> str:
+    return json.dumps({k: params[k] for k in GRID}, sort_keys=True)
+
+
+def measure_grid(model: Path) -> dict:
+    trace = load_trace(TRACE, SELECTION, FIXED["max_model_len"])
+    points = {}
+    for values in itertools.product(*GRID.values()):
+        params = dict(zip(GRID, values))
+        with tempfile.TemporaryDirectory() as tmp:
+            outcome = run_trial(TrialSpec(model, trace, EngineConfig(**FIXED, **params), Path(tmp)))
+        record = outcome.record
+        points[key(params)] = {"params": params, "timings": asdict(record.timings),
+                               "measurement": record.measurement.to_dict() if record.measurement else None,
+                               "failure": record.failure.kind.value if record.failure else None,
+                               "requests": [r.to_dict() for r in outcome.requests]}
+        m = record.measurement
+        print(f"measured {params}: {m.completed}/{m.requests} ok, {m.completed_rps:.3f} req/s, "
+              f"p95 e2e {m.e2e_s.p95:.2f} s, preemptions {m.preemptions}, trial {record.timings.total_s:.1f} s",
+              flush=True)
+    return {"trace_span_s": trace.span_s, "points": points}
+
+
+def _measurement(data: dict) -> Measurement:
+    fields = dict(data)
+    for name in ("ttft_s", "e2e_s", "send_lateness_s"):
+        fields[name] = Percentiles(**fields[name])
+    return Measurement(**fields)
+
+
+def scores(grid: dict, bound) -> dict[str, object]:
+    return {k: score(_measurement(p["measurement"]), bound, grid["trace_span_s"]) for k, p in grid["points"].items()}
+
+
+def recommended_rps(scored: list) -> float:
+    """The study's rule: highest completed throughput among feasible, near-ties to lower p95."""
+    feasible = [s for s in scored if s.feasible]
+    if not feasible:
+        return 0.0
+    top = max(s.completed_rps for s in feasible)
+    contenders = [s for s in feasible if s.completed_rps >= top * (1 - THROUGHPUT_TIE)]
+    return min(contenders, key=lambda s: (s.e2e_p95_s, -s.completed_rps)).completed_rps
+
+
+def search(scored: dict, sampler: str, seed: int, budget: int) -> list[float]:
+    study = optuna.create_study(directions=list(DIRECTIONS), sampler=make_sampler(sampler, seed))
+    seen, curve = [], []
+    for _ in range(budget):
+        trial = study.ask()
+        params = {name: trial.suggest_categorical(name, values) for name, values in GRID.items()}
+        s = scored[key(params)]
+        for name, value in s.constraints.items():
+            trial.set_constraint(name, value)
+        study.tell(trial, list(s.objectives))
+        seen.append(s)
+        curve.append(recommended_rps(seen))
+    return curve
+
+
+def pruning_savings(grid: dict, bound) -> dict:
+    """When the live rule would have stopped each configuration, from its recorded request timeline."""
+    total_trial_s = saved_s = 0.0
+    stopped = []
+    for k, point in grid["points"].items():
+        records = [RequestRecord(**{**r, "outcome": Outcome(r["outcome"])}) for r in point["requests"]]
+        watch = BoundaryWatch(bound, grid["trace_span_s"])
+        replay_s = point["timings"]["replay_s"]
+        total_trial_s += point["timings"]["startup_s"] + replay_s + point["timings"]["teardown_s"]
+        t = 0.25
+        while t < replay_s:
+            live = LiveReplay(origin=0.0, total=len(records))
+            for r in records:
+                end = None if r.sent_s is None else r.sent_s + (r.e2e_s if r.e2e_s is not None else replay_s)
+                if end is not None and end <= t:
+                    live.finished.append(r)
+                elif r.sent_s is not None and r.sent_s <= t:
+                    first = r.sent_s + r.ttft_s if r.ttft_s is not None and r.sent_s + r.ttft_s <= t else None
+                    live.in_flight[r.index] = InFlight(sent=r.sent_s, first_token=first)
+            live.elapsed = lambda t=t: t
+            reason = watch(live)
+            if reason:
+                saved_s += replay_s - t
+                stopped.append({"config": point["params"], "at_s": t, "replay_s": replay_s, "reason": reason})
+                break
+            t += 0.25
+    return {"stopped": stopped, "saved_s": saved_s, "grid_trial_s": total_trial_s,
+            "saved_share": saved_s / total_trial_s}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", type=Path, required=True)
+    parser.add_argument("--grid", type=Path, required=True)
+    parser.add_argument("--seeds", type=int, default=10)
+    parser.add_argument("--limit", action="append", default=[])
+    parser.add_argument("--samplers", default="tpe,random")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    if not args.grid.exists():
+        args.grid.write_text(json.dumps(measure_grid(args.model), indent=1) + "\n")
+    grid = json.loads(args.grid.read_text())
+    bound = boundary("interactive", parse_limits(args.limit))
+    scored = scores(grid, bound)
+    best = recommended_rps(list(scored.values()))
+    feasible = sum(s.feasible for s in scored.values())
+    budget = len(scored) // 3
+    print(f"grid: {len(scored)} configurations, {feasible} feasible under {bound}; best {best:.3f} req/s; "
+          f"budget {budget} trials")
+    result = {"grid_best_rps": best, "feasible": feasible, "budget": budget, "boundary": bound.to_dict(),
+              "samplers": {}}
+    for sampler in args.samplers.split(","):
+        curves = [search(scored, sampler, seed, budget) for seed in range(args.seeds)]
+        fractions = [[c / best for c in curve] for curve in curves]
+        medians = [statistics.median(f[i] for f in fractions) for i in range(budget)]
+        result["samplers"][sampler] = {"median_fraction_by_trial": medians,
+                                       "final_fractions": [f[-1] for f in fractions]}
+        print(f"{sampler:>7}: median fraction of the grid optimum after 1..{budget} trials: "
+              + ", ".join(f"{m:.1%}" for m in medians))
+    result["pruning"] = pruning_savings(grid, bound)
+    p = result["pruning"]
+    print(f"pruning: {len(p['stopped'])} of {len(scored)} configurations stopped early, saving "
+          f"{p['saved_s']:.1f} s of {p['grid_trial_s']:.1f} s of trial time ({p['saved_share']:.1%})")
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

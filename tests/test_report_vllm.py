@@ -1,0 +1,109 @@
+"""Reports on real vLLM (CPU build) and the tiny model: the study report in headless Chromium, and
+`tuner compare` showing preemptions only where the KV budget cannot hold every sequence at once."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import AZURE_CONV, REPO
+from test_report import check_page_in_chromium
+from tuner.study import StoragePlan, enqueue_config
+from workers.engine_config import EngineConfig
+
+pytestmark = pytest.mark.vllm
+
+SPACE = """\
+name: report-study
+description: the tiny model under KV pressure
+fixed:
+  enforce_eager: true
+  max_model_len: 1024
+  kv_cache_memory_bytes: 268435456
+parameters:
+  max_num_seqs: {type: int, low: 2, high: 16}
+  num_gpu_blocks_override: {type: int, low: 4, high: 96}
+  max_num_batched_tokens: {type: categorical, choices: [256, 1024, 2048]}
+"""
+# Run after the baseline (trial 0): one that cannot start, one that preempts.
+KV_INSUFFICIENT = EngineConfig(max_num_seqs=8, max_num_batched_tokens=1024, num_gpu_blocks_override=4)
+PRESSURED = EngineConfig(max_num_seqs=16, max_num_batched_tokens=1024, num_gpu_blocks_override=24)
+SLICE = ["--trace", str(AZURE_CONV), "--max-requests", "16", "--rate-scale", "100", "--fit", "clip"]
+
+
+def tuner(*args: str) -> subprocess.CompletedProcess:
+    result = subprocess.run([sys.executable, "-m", "tuner", *args], capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+@pytest.fixture(scope="module")
+def study(tiny_model, tmp_path_factory):
+    """Three trials: vLLM's defaults, a KV cache too small to start, and one that preempts."""
+    root = tmp_path_factory.mktemp("report")
+    (root / "space.yaml").write_text(SPACE)
+    storage = f"sqlite:///{root / 'tuner.db'}"
+    common = ["--storage", storage, "--artifacts", str(root / "artifacts")]
+    tuner("study", "create", "r", "--model", str(tiny_model), *SLICE, "--space", str(root / "space.yaml"),
+          "--limit", "ttft_p95_s=20", "--limit", "e2e_p95_s=60", "--seed", "3", *common)
+    plan = StoragePlan.resolve(storage, root / "artifacts")
+    for config in (KV_INSUFFICIENT, PRESSURED):
+        enqueue_config("r", plan, config)
+    tuner("study", "run", "r", "--trials", "3", *common)
+    return {"root": root, "common": common}
+
+
+def test_study_report_renders_in_headless_chromium_with_every_plot(study):
+    page = study["root"] / "report.html"
+    text = tuner("study", "report", "r", "--html", str(page), *study["common"]).stdout
+    # The same summary in the terminal, the recommendation with its boundary, machine, trace and vLLM.
+    assert "Recommended for the interactive (p95 TTFT <= 20 s, p95 e2e <= 60 s, completion >= 99%) boundary" in text
+    assert "Measured on CPU:" in text and "vLLM 0.32.0" in text and "azure_conv_2023.csv" in text
+    assert "vllm serve " in text and "kv_insufficient" in text and f"report written to {page}" in text
+    data = json.loads(tuner("study", "report", "r", "--json", *study["common"]).stdout)
+    rows = {r["trial"]: r for r in data["trials"]}
+    assert sorted(rows) == [0, 1, 2] and "default" in rows[0]["roles"]
+    assert rows[1]["failure_class"] == "kv_insufficient" and rows[1]["state"] == "failed"
+    assert rows[2]["preemptions"] > 0 and rows[2]["kv_tokens"] == 24 * 128  # as vLLM logged it
+    assert data["recommendation"]["hardware"]["cpu_cores"] >= 1 and data["recommendation"]["vllm_version"] == "0.32.0"
+    assert data["pareto"] and data["recommendation"]["trial"] in data["pareto"]
+
+    found = check_page_in_chromium(page, REPO / "test-artifacts" / "report.png")
+    featured = {0, data["recommendation"]["trial"]}
+    timelines = any((study["root"] / "artifacts" / "trials" / "r" / f"trial-{n:04d}" / "timeline.csv").is_file()
+                    for n in featured)
+    expected = {"pareto", "preemptions", "time_split", "output_lengths"} | ({"timelines"} if timelines else set())
+    assert set(found["figures"]) == expected
+    assert ("no timeline recorded" in page.read_text()) is not timelines
+
+
+def test_compare_shows_preemptions_only_for_the_larger_max_num_seqs(tiny_model, tmp_path):
+    # 24 blocks of 128 tokens hold 3,072 tokens: two sequences of at most 1,024 always fit, sixteen do not.
+    result = tuner("compare", "--model", str(tiny_model), *SLICE, "--set", "max_model_len=1024",
+                   "--set", "enforce_eager=true", "--set", "kv_cache_memory_bytes=268435456",
+                   "--set", "num_gpu_blocks_override=24", "--vary", "max_num_seqs=2,16", "--out", str(tmp_path),
+                   "--json")
+    data = json.loads(result.stdout)
+    few, many = data["runs"]
+    (REPO / "test-artifacts").mkdir(exist_ok=True)
+    (REPO / "test-artifacts" / "compare-max_num_seqs.json").write_text(json.dumps(
+        {r["label"]: {"preemptions": r["measurement"]["preemptions"], "completed": r["measurement"]["completed"],
+                      "e2e_p95_s": r["measurement"]["e2e_s"]["p95"], "ttft_p95_s": r["measurement"]["ttft_s"]["p95"],
+                      "queue_s_mean": r["measurement"]["queue_s_mean"]} for r in data["runs"]}
+        | {"verdicts": data["verdicts"]}, indent=2))
+    assert (few["label"], many["label"]) == ("max_num_seqs=2", "max_num_seqs=16")
+    assert few["served"] and many["served"]
+    assert few["measurement"]["preemptions"] == 0
+    assert many["measurement"]["preemptions"] > 0
+    assert few["measurement"]["completed"] == many["measurement"]["completed"] == 16
+    assert few["measurement"]["running_peak"] <= 2 < many["measurement"]["running_peak"]
+    assert "--max-num-seqs 2" in few["serve_command"] and "--num-gpu-blocks-override 24" in many["serve_command"]
+    (verdict,) = data["verdicts"]
+    assert verdict.startswith(f"max_num_seqs=16 rather than 2: brought preemptions (0 → "
+                              f"{many['measurement']['preemptions']})")
+    assert "p95 end-to-end" in verdict
+    assert data["measured_on"]["vllm_version"] == "0.32.0" and data["measured_on"]["description"].startswith("CPU")
+    assert (tmp_path / "max_num_seqs=16" / "measurement.json").is_file()

@@ -1,0 +1,226 @@
+"""`tuner study report` and `tuner compare`: reports people read, from a study or from one dimension varied."""
+
+from __future__ import annotations
+
+import json
+import sys
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from tuner.study_cli import ArtifactsOption, JsonOption, StorageOption, _boundary_line, _hardware_line
+
+
+def _console():
+    from tuner.cli import err, out
+
+    return out, err
+
+
+def _print_json(data: object) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+
+
+# --- tuner study report ----------------------------------------------------------------------------------
+
+
+def study_report(
+    name: Annotated[str, typer.Argument(help="The study.")],
+    html: Annotated[Optional[Path], typer.Option("--html", help="Write the report as one self-contained HTML "
+                                                                "page (plots included, no network needed).")] = None,
+    storage: StorageOption = None, artifacts: ArtifactsOption = None, as_json: JsonOption = False,
+) -> None:
+    """The study's report: the recommendation, vLLM's default beside it, and every trial.
+
+    The recommendation is stated with its boundary, machine, trace and vLLM version. --html writes the page
+    with the plots: Pareto front, preemptions, queue against inference, timelines, output lengths."""
+    from tuner.report import (collect_report, common_settings, recommendation_lines, side_by_side, summary,
+                              trial_rows, write_report)
+    from tuner.study import StoragePlan
+
+    out, err = _console()
+    data = collect_report(name, StoragePlan.resolve(storage, artifacts))
+    written = write_report(data, html) if html is not None else None
+    if as_json:
+        return _print_json({**summary(data), "html": str(written) if written else None})
+    lines = recommendation_lines(data)
+    out.print(f"[bold]{lines[0]}[/bold]" if data.recommendation else f"[red]{lines[0]}[/red]", highlight=False)
+    if data.recommendation is not None:
+        out.print(f"  {lines[1]}", highlight=False, soft_wrap=True)
+        rest = lines[2:]
+    else:
+        rest = lines[1:]
+    for line in rest:
+        out.print(line, highlight=False)
+    base, rec = data.baseline, data.recommended
+    table = Table("", f"vLLM default (trial {base.trial_number})" if base else "vLLM default",
+                  f"recommended (trial {rec.trial_number})" if rec else "recommended", "change",
+                  title="default and recommendation, side by side")
+    for row in side_by_side(data):
+        table.add_row(*row)
+    out.print(table)
+    shared = ", ".join(f"{k}={v}" for k, v in common_settings(data).items())
+    trials = Table("trial", "role", "state", "failure class", "settings", "completed", "req/s", "p95 TTFT s",
+                   "p95 e2e s", "preempt.", "why", title=f"every trial of study {name}",
+                   caption=f"every trial also had: {shared}" if shared else None)
+    for r in trial_rows(data):
+        trials.add_row(str(r["trial"]), ", ".join(r["roles"]), r["state"], r["failure_class"] or "-",
+                       ", ".join(f"{k}={v}" for k, v in r["settings"].items()) or "vLLM defaults",
+                       f"{r['completed']}/{r['requests']}" if r["requests"] is not None else "-",
+                       _fmt(r["completed_rps"]), _fmt(r["ttft_p95_s"]), _fmt(r["e2e_p95_s"]), _fmt(r["preemptions"]),
+                       r["why"] or "")
+    out.print(trials)
+    if written is not None:
+        out.print(f"report written to {written}")
+
+
+def _fmt(value: object, digits: int = 3) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+# --- tuner compare ---------------------------------------------------------------------------------------
+
+
+def _compare_rows(result) -> list[tuple[str, list[str]]]:
+    """(what, one cell per value) rows of the side-by-side table."""
+
+    def cells(fn) -> list[str]:
+        out = []
+        for run in result.runs:
+            m = run.measurement
+            out.append("-" if m is None else fn(m))
+        return out
+
+    rows = [("state", [("ok" if run.served else f"[red]{run.failure_class}[/red]") for run in result.runs])]
+    rows += [
+        ("preemptions", cells(lambda m: f"{m.preemptions} ({m.preemptions_per_100:.1f} per 100)")),
+        ("completed / requests", cells(lambda m: f"{m.completed} / {m.requests}")),
+        ("TTFT p50 / p95 s", cells(lambda m: f"{_fmt(m.ttft_s.p50)} / {_fmt(m.ttft_s.p95)}")),
+        ("total response (e2e) p50 / p95 s", cells(lambda m: f"{_fmt(m.e2e_s.p50)} / {_fmt(m.e2e_s.p95)}")),
+        ("queue time mean / p95 s (vLLM)", cells(lambda m: f"{_fmt(m.queue_s_mean)} / {_fmt(m.queue_s_p95)}")),
+        ("inference time mean s (vLLM)", cells(lambda m: _fmt(m.inference_s_mean))),
+        ("completed req/s", cells(lambda m: _fmt(m.completed_rps))),
+        ("output tok/s", cells(lambda m: _fmt(m.output_tps, 1))),
+        ("running / waiting peak", cells(lambda m: f"{m.running_peak:g} / {m.waiting_peak:g}")),
+        ("KV usage peak", cells(lambda m: f"{m.kv_usage_peak:.0%}")),
+    ]
+    if result.boundary is not None:
+        rows.append((f"meets the {result.boundary.name} boundary",
+                     [("-" if run.score is None else "yes" if run.score.feasible
+                       else "no: " + "; ".join(run.score.violations)) for run in result.runs]))
+    return rows
+
+
+def _run_dict(run) -> dict:
+    record = run.record
+    return {"label": run.label, "value": run.value, "served": run.served, "failure_class": run.failure_class,
+            "failure": run.failure, "out_dir": str(run.out_dir) if run.out_dir else None,
+            "engine_config": record.engine_config if record else None,
+            "serve_command": record.serve_command if record else None,
+            "trace": record.trace if record else None,
+            "measurement": run.measurement.to_dict() if run.measurement else None,
+            "score": run.score.to_dict() if run.score else None}
+
+
+def compare(
+    vary: Annotated[str, typer.Option(help="The one dimension to vary, NAME=V1,V2[,...]: an engine setting "
+                                           "(max_num_seqs=64,256) or a trace dimension, a factor on the trace "
+                                           "as selected: rate_scale (arrival rate), output_scale (every "
+                                           "request's output tokens), input_scale (input tokens).")],
+    model: Annotated[Optional[Path], typer.Option(
+        help="Model folder (weights, or a config.json alone for dummy weights); default: the tiny model.")] = None,
+    trace: Annotated[Optional[Path], typer.Option(
+        help="Trace file to replay; default: the bundled cut of the Azure 2023 conversation trace.")] = None,
+    set_: Annotated[list[str], typer.Option("--set", help="Engine setting NAME=VALUE held for every value "
+                                                          "(repeatable).")] = [],
+    engine_arg: Annotated[list[str], typer.Option(help="Extra vLLM flag passed as is (repeatable).")] = [],
+    format: Annotated[Optional[str], typer.Option("--format", help="azure, mooncake, burstgpt or native; "
+                                                                   "detected when left out.")] = None,
+    window: Annotated[Optional[str], typer.Option(help="START:END seconds of the trace to keep.")] = None,
+    rate_scale: Annotated[Optional[float], typer.Option(help="Multiply the arrival rate (2 = twice as fast).")] = None,
+    max_requests: Annotated[Optional[int], typer.Option(help="Keep the first N requests (after the window).")] = None,
+    fit: Annotated[Optional[str], typer.Option(help="clip or scale lengths to fit max_model_len.")] = None,
+    boundary: Annotated[str, typer.Option(help="Judge each value against this boundary: interactive or "
+                                               "batch.")] = "interactive",
+    limit: Annotated[list[str], typer.Option(help="Override a boundary limit, NAME=VALUE or NAME=none "
+                                                  "(repeatable).")] = [],
+    out_dir: Annotated[Optional[Path], typer.Option("--out", help="Folder for each value's log and records.")] = None,
+    startup_timeout: Annotated[float, typer.Option(help="Seconds to wait for a healthy server.")] = 600.0,
+    request_timeout: Annotated[float, typer.Option(help="Seconds one request may take.")] = 600.0,
+    seed: Annotated[int, typer.Option(help="Seed of the synthetic prompts.")] = 0,
+    as_json: JsonOption = False,
+) -> None:
+    """One dimension at a time: the same trace at each value, side by side, with a plain verdict.
+
+    Everything else is held equal; the table shows preemptions, completed requests, TTFT, total response
+    time and queue time for each value."""
+    from tuner.cli import _default_model, _selection
+    from tuner.compare import parse_vary, run_compare
+    from tuner.paths import bundled_trace
+    from tuner.scoring import boundary as make_boundary
+    from tuner.scoring import parse_limits
+    from workers.engine_config import EngineConfig
+
+    out, err = _console()
+    base = EngineConfig.from_assignments(set_)
+    variation = parse_vary(vary, base)
+    bound = make_boundary(boundary, parse_limits(limit))
+    selection = _selection(window, max_requests, rate_scale, fit)
+    model = model or _default_model()
+    trace = trace or bundled_trace()
+    out_dir = out_dir or Path("runs") / datetime.now().strftime("compare-%Y%m%d-%H%M%S")
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=err, transient=True, disable=as_json) as progress:
+        task = progress.add_task("preparing", total=None)
+        state = {"label": ""}
+
+        def on_start(i: int, label: str, requests: int) -> None:
+            state["label"] = f"{label} ({i + 1}/{len(variation.values)})"
+            progress.update(task, description=state["label"], completed=0, total=requests)
+
+        def on_run(run) -> None:
+            if not as_json:
+                m = run.measurement
+                what = (f"{m.completed}/{m.requests} completed, {m.preemptions} preemptions, p95 e2e "
+                        f"{_fmt(m.e2e_s.p95)} s" if run.served else f"[red]{run.failure}[/red]")
+                err.print(f"{run.label}: {what}", highlight=False)
+
+        result = run_compare(model=model, trace_path=trace, selection=selection, variation=variation,
+                             base_config=base, out_dir=out_dir, boundary=bound, format=format,
+                             startup_timeout_s=startup_timeout, request_timeout_s=request_timeout,
+                             extra_args=tuple(engine_arg), seed=seed, on_start=on_start,
+                             on_phase=lambda p: progress.update(task, description=f"{state['label']}: {p}"),
+                             on_request_done=lambda _: progress.advance(task), on_run=on_run)
+    records = [r.record for r in result.runs if r.record is not None]
+    first = records[0]
+    machine = {"hardware": first.hardware, "description": _hardware_line(first.hardware),
+               "vllm_version": first.vllm_version}
+    if as_json:
+        _print_json({"dimension": variation.name, "kind": variation.kind, "values": list(variation.values),
+                     "fixed": base.to_dict(), "model": str(model), "boundary": bound.to_dict(),
+                     "boundary_text": _boundary_line(bound), "measured_on": machine,
+                     "runs": [_run_dict(r) for r in result.runs], "verdicts": result.verdicts, "out_dir": str(out_dir)})
+    else:
+        table = Table("", *(r.label for r in result.runs), title=f"{variation.name}, one value at a time")
+        for what, cells in _compare_rows(result):
+            table.add_row(what, *cells)
+        out.print(table)
+        out.print("[bold]Verdict[/bold]")
+        for line in result.verdicts:
+            out.print(f"  {line}", highlight=False)
+        t = first.trace
+        out.print(f"measured on {machine['description']}, vLLM {machine['vllm_version']}, trace {t['source']} "
+                  f"(sha256 {t['sha256'][:12]}, {t['requests']} requests, {t['span_s']:.1f} s)", highlight=False)
+        out.print(f"held for every value: {', '.join(f'{k}={v}' for k, v in base.to_dict().items()) or 'vLLM defaults'}"
+                  f"; judged against the {_boundary_line(bound)} boundary", highlight=False)
+        out.print(f"records: {out_dir}/<value>/measurement.json, requests.csv, server.log", highlight=False)
+    if not any(r.served for r in result.runs):
+        raise typer.Exit(1)

@@ -1,0 +1,70 @@
+"""The first processes of every engine's group: they run the vLLM server and, when the process that launched
+it dies (a killed driver or Ray worker) or they are told to stop, take the whole group down with them.
+
+vLLM's server stops its engine-core processes when it shuts down cleanly, not when it is killed outright. And
+a Ray worker that dies has its direct children SIGKILLed, which leaves no handler a chance. So the guard is
+two processes: an outer one, the launcher's child (which may be killed outright), and an inner one, its child,
+told by the kernel when the outer one dies, which then stops every member of the group.
+
+    python -m workers.engine_guard VLLM_ARGV...
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+from workers.process_group import die_with_parent, terminate_group
+
+GRACE_S = 10.0
+_INNER = "--inner"
+
+
+def _exit_code(code: int) -> int:
+    return code if code >= 0 else 128 - code
+
+
+def _outer(argv: list[str]) -> int:
+    inner = subprocess.Popen([sys.executable, "-m", "workers.engine_guard", _INNER, *argv],
+                             preexec_fn=die_with_parent)
+
+    def forward(signum, frame) -> None:
+        inner.send_signal(signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    return _exit_code(inner.wait())
+
+
+def _inner(argv: list[str]) -> int:
+    server = subprocess.Popen(argv)
+    pgid = os.getpgid(0)
+
+    def stop(signum, frame) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the outer guard forwards the group's SIGTERM here too
+        terminate_group(pgid, GRACE_S, spare=os.getpid())
+        sys.exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    code = server.wait()
+    # The server ended on its own (crash, refusal at start): nothing it started may outlive it.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    terminate_group(pgid, GRACE_S, spare=os.getpid())
+    return _exit_code(code)
+
+
+def main() -> int:
+    parent = os.getppid()
+    die_with_parent(signal.SIGTERM)
+    if os.getppid() != parent:  # the parent died before the signal was armed
+        return 1
+    if sys.argv[1:2] == [_INNER]:
+        return _inner(sys.argv[2:])
+    return _outer(sys.argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,43 @@
+"""Stopping an engine's whole process group, whoever its members are by now."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+
+import psutil
+
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(sig: int = signal.SIGTERM) -> None:
+    """Ask the kernel to send `sig` to this process when the thread that started it exits (even by SIGKILL)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, sig)
+
+
+def group_members(pgid: int) -> list[psutil.Process]:
+    members = []
+    for proc in psutil.process_iter():
+        with contextlib.suppress(psutil.Error, ProcessLookupError, PermissionError):
+            if os.getpgid(proc.pid) == pgid:
+                members.append(proc)
+    return members
+
+
+def terminate_group(pgid: int, grace_s: float, spare: int | None = None) -> None:
+    """SIGTERM every member of the group but `spare`, wait up to grace_s, then SIGKILL what is left.
+
+    Members are found by group id, not by parentage: an engine-core process whose server was killed outright
+    has a new parent but is still in the group."""
+    members = [p for p in group_members(pgid) if p.pid != spare]
+    for proc in members:
+        with contextlib.suppress(psutil.Error):
+            proc.terminate()
+    _, alive = psutil.wait_procs(members, timeout=grace_s)
+    for proc in alive + [p for p in group_members(pgid) if p.pid != spare and p not in members]:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    psutil.wait_procs(alive, timeout=5)
