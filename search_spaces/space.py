@@ -12,6 +12,7 @@ import operator
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, fields
+from decimal import Decimal
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -299,7 +300,13 @@ class FloatParameter:
         return FloatDistribution(self.low, self.high, log=self.log, step=self.step)
 
     def suggest(self, trial: optuna.trial.Trial) -> float:
-        return trial.suggest_float(self.name, self.low, self.high, step=self.step, log=self.log)
+        value = trial.suggest_float(self.name, self.low, self.high, step=self.step, log=self.log)
+        if self.step is None:
+            return value
+        # Optuna's grid is low + k * step in binary floating point (0.7500000000000001): round it to the
+        # step's own decimals, so that the vllm serve command reads as the grid was written.
+        decimals = max(0, -Decimal(str(self.step)).normalize().as_tuple().exponent)
+        return round(value, decimals)
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,10 @@ parameters:
 # Run after the baseline (trial 0): one that cannot start, one that preempts.
 KV_INSUFFICIENT = EngineConfig(max_num_seqs=8, max_num_batched_tokens=1024, num_gpu_blocks_override=4)
 PRESSURED = EngineConfig(max_num_seqs=16, max_num_batched_tokens=1024, num_gpu_blocks_override=24)
-SLICE = ["--trace", str(AZURE_CONV), "--max-requests", "16", "--rate-scale", "100", "--fit", "clip"]
+# Sixteen requests from 300 s into the Azure conversation trace, arriving together: long answers (about 430
+# output tokens each) on prompts of about 600, so that sequences admitted into a full KV cache grow out of it.
+SLICE = ["--trace", str(AZURE_CONV), "--window", "300:400", "--max-requests", "16", "--rate-scale", "100",
+         "--fit", "clip"]
 
 
 def tuner(*args: str) -> subprocess.CompletedProcess:
@@ -81,7 +84,8 @@ def test_study_report_renders_in_headless_chromium_with_every_plot(study):
 
 
 def test_compare_shows_preemptions_only_for_the_larger_max_num_seqs(tiny_model, tmp_path):
-    # 24 blocks of 128 tokens hold 3,072 tokens: two sequences of at most 1,024 always fit, sixteen do not.
+    # 24 blocks of 128 tokens hold 3,072 tokens: two sequences of at most 1,024 always fit; of sixteen, those
+    # admitted fill the cache with their prompts and are preempted as their answers grow.
     result = tuner("compare", "--model", str(tiny_model), *SLICE, "--set", "max_model_len=1024",
                    "--set", "enforce_eager=true", "--set", "kv_cache_memory_bytes=268435456",
                    "--set", "num_gpu_blocks_override=24", "--vary", "max_num_seqs=2,16", "--out", str(tmp_path),

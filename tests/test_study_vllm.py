@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import httpx
 import optuna
@@ -55,7 +54,8 @@ def study(tiny_model, tmp_path_factory):
     (root / "space.yaml").write_text(SPACE)
     storage = f"sqlite:///{root / 'tuner.db'}"
     common = ["--storage", storage, "--artifacts", str(root / "artifacts")]
-    tuner("study", "create", "s", "--model", str(tiny_model), "--trace", str(AZURE_CONV), "--max-requests", "16",
+    tuner("study", "create", "s", "--model", str(tiny_model), "--trace", str(AZURE_CONV), "--window", "300:400",
+          "--max-requests", "16",
           "--rate-scale", "100", "--fit", "clip", "--space", str(root / "space.yaml"), "--limit", "ttft_p95_s=20",
           "--limit", "e2e_p95_s=60", "--seed", "3", *common)
     plan = StoragePlan.resolve(storage, root / "artifacts")

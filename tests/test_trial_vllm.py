@@ -22,8 +22,9 @@ from workers.trial import TrialSpec, run_trial
 pytestmark = pytest.mark.vllm
 
 MAX_MODEL_LEN = 1024
-# The first 16 requests of the Azure conversation trace, 100 times faster: they arrive together on the server.
-SLICE = TraceSelection(max_requests=16, rate_scale=100.0, fit="clip")
+# 16 requests of the Azure conversation trace from its 300th second (long answers, about 430 tokens, so that
+# admitted sequences outgrow a small cache), 100 times faster: they arrive together on the server.
+SLICE = TraceSelection(window_s=(300.0, 400.0), max_requests=16, rate_scale=100.0, fit="clip")
 # An explicit KV budget: vLLM's default memory fraction (0.92) is refused on a small shared machine.
 BASE = dict(max_model_len=MAX_MODEL_LEN, max_num_seqs=16, enforce_eager=True, kv_cache_memory_bytes=268435456)
 
@@ -37,7 +38,7 @@ def test_large_kv_budget_serves_every_request_in_full_without_preemption(tiny_mo
     out_dir = tmp_path / "trial"
     result = subprocess.run(
         [sys.executable, "-m", "tuner", "trial", "run", "--model", str(tiny_model), "--trace", str(AZURE_CONV),
-         "--max-requests", "16", "--rate-scale", "100", "--fit", "clip",
+         "--window", "300:400", "--max-requests", "16", "--rate-scale", "100", "--fit", "clip",
          "--set", f"max_model_len={MAX_MODEL_LEN}", "--set", "max_num_seqs=16", "--set", "enforce_eager=true",
          "--set", "kv_cache_memory_bytes=268435456", "--out", str(out_dir), "--json"],
         capture_output=True, text=True, timeout=600)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import signal
 import tempfile
 import sys
@@ -11,10 +10,10 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from tuner.console import err, fmt, out, print_json
 from tuner.errors import TunerError
 from tuner.report_cli import compare, study_report
 from tuner.study_cli import dashboard, study_app
@@ -32,20 +31,6 @@ app.command("dashboard")(dashboard)
 study_app.command("report")(study_report)
 app.command("compare")(compare)
 
-out = Console()
-err = Console(stderr=True)
-
-
-def _print_json(data: object) -> None:
-    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
-
-
-def _fmt(value: object, digits: int = 3) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.{digits}f}"
-    return str(value)
 
 
 # --- models -------------------------------------------------------------------------------------------
@@ -85,7 +70,7 @@ def model_list(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.
                          "max_position_embeddings": info.max_position_embeddings,
                          "kv_bytes_per_token": info.kv_bytes_per_token})
     if as_json:
-        return _print_json(rows)
+        return print_json(rows)
     table = Table("name", "architecture", "vocab", "max positions", "KV KiB/token")
     for r in rows:
         table.add_row(r["name"], r["architecture"], str(r["vocab_size"]), str(r["max_position_embeddings"]),
@@ -123,7 +108,7 @@ def trace_inspect(file: Annotated[Path, typer.Argument(help="A trace file.")], f
     trace = load_trace(file, _selection(window, max_requests, rate_scale, fit), max_model_len, format)
     stats = trace_stats(trace)
     if as_json:
-        return _print_json({"source": str(file), "format": trace.format, "sha256": trace.sha256,
+        return print_json({"source": str(file), "format": trace.format, "sha256": trace.sha256,
                             **stats.to_dict(), "transformations": [t.describe() for t in trace.transformations]})
     table = Table(title=f"{file} ({trace.format}, sha256 {trace.sha256[:12]})", show_header=False)
     table.add_row("requests", str(stats.requests))
@@ -162,17 +147,17 @@ def _trial_table(record) -> Table:
             table.add_row("estimated max model len", str(f.estimated_max_model_len))
     if m is not None:
         table.add_row("completed / requests", f"{m.completed} / {m.requests}  {m.outcomes}")
-        table.add_row("completed req/s", _fmt(m.completed_rps))
-        table.add_row("output tok/s", _fmt(m.output_tps, 1))
-        table.add_row("TTFT p50 / p95 / p99 s", " / ".join(_fmt(v) for v in (m.ttft_s.p50, m.ttft_s.p95, m.ttft_s.p99)))
-        table.add_row("e2e p50 / p95 / p99 s", " / ".join(_fmt(v) for v in (m.e2e_s.p50, m.e2e_s.p95, m.e2e_s.p99)))
-        table.add_row("queue p50 / p95 s", f"{_fmt(m.queue_s_p50)} / {_fmt(m.queue_s_p95)}")
+        table.add_row("completed req/s", fmt(m.completed_rps))
+        table.add_row("output tok/s", fmt(m.output_tps, 1))
+        table.add_row("TTFT p50 / p95 / p99 s", " / ".join(fmt(v) for v in (m.ttft_s.p50, m.ttft_s.p95, m.ttft_s.p99)))
+        table.add_row("e2e p50 / p95 / p99 s", " / ".join(fmt(v) for v in (m.e2e_s.p50, m.e2e_s.p95, m.e2e_s.p99)))
+        table.add_row("queue p50 / p95 s", f"{fmt(m.queue_s_p50)} / {fmt(m.queue_s_p95)}")
         table.add_row("preemptions", f"{m.preemptions} ({m.preemptions_per_100:.1f} per 100 requests)")
         table.add_row("running peak / mean", f"{m.running_peak:g} / {m.running_mean:.1f}")
         table.add_row("waiting peak / mean", f"{m.waiting_peak:g} / {m.waiting_mean:.1f}")
         table.add_row("KV usage peak", f"{m.kv_usage_peak:.1%}")
         table.add_row("output tokens requested / actual", f"{m.requested_output_tokens} / {m.actual_output_tokens}")
-        table.add_row("send lateness p99 ms", _fmt((m.send_lateness_s.p99 or 0) * 1000, 2))
+        table.add_row("send lateness p99 ms", fmt((m.send_lateness_s.p99 or 0) * 1000, 2))
     table.add_row("server log", record.log_path)
     return table
 
@@ -234,7 +219,7 @@ def trial_run(
                             on_request_done=lambda _: progress.advance(task))
     record = outcome.record
     if as_json:
-        _print_json(record.to_dict())
+        print_json(record.to_dict())
     else:
         out.print(_trial_table(record))
         out.print(f"records: {out_dir}/measurement.json, {out_dir}/requests.csv")

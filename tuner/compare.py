@@ -182,7 +182,7 @@ def run_compare(*, model: Path, trace_path: Path, selection: TraceSelection, var
     result = CompareResult(variation, base_config, boundary=boundary)
     # Every trace is built before the first launch: a bad value fails now, not after minutes of trials.
     plans = []
-    for i, value in enumerate(variation.values):
+    for value in variation.values:
         if variation.kind == "engine":
             config, trace = base_config.merged(**{variation.name: value}), selected
         else:

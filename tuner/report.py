@@ -27,7 +27,7 @@ from storage import StoredRequest, StoredTrial, StudySettings
 from tuner.errors import TunerError
 from tuner.scoring import Boundary, boundary
 from tuner.study import Recommendation
-from tuner.study_cli import _boundary_line, _hardware_line, recommendation_dict
+from tuner.describe import boundary_line, hardware_line, recommendation_dict
 from workers.server_metrics import TimelineSample
 
 TIMELINE_FILE = "timeline.csv"  # t_s,running,waiting,kv_usage, sampled every 0.5 s during the replay
@@ -362,13 +362,15 @@ def pareto_figure(data: ReportData):
         fig.add_trace(go.Scatter(x=[t.values[0] for t in front], y=[t.values[1] for t in front], mode="lines",
                                  line={"color": COLORS["front"], "width": 1.5, "dash": "dot"},
                                  name="Pareto front (line)", hoverinfo="skip"))
+    rightmost = max(t.score["completed_rps"] for t in data.scored)
     for role, t in data.featured:
         if "completed_rps" not in t.score:
             continue
         recommended = "recommended" in role
         fig.add_trace(go.Scatter(
             x=[t.score["completed_rps"]], y=[t.score["e2e_p95_s"]], mode="markers+text",
-            text=[f"{role} (trial {t.trial_number})"], textposition="top center",
+            text=[f"{role} (trial {t.trial_number})"], cliponaxis=False,
+            textposition="top left" if t.score["completed_rps"] >= rightmost else "top center",
             marker={"symbol": "star" if recommended else "diamond-open", "size": 22 if recommended else 18,
                     "color": COLORS["recommended" if recommended else "default"],
                     "line": {"width": 2, "color": COLORS["recommended" if recommended else "default"]}},
@@ -384,9 +386,7 @@ def pareto_figure(data: ReportData):
         log = bool(values) and top / min(values) > 20  # a far limit would flatten every point onto the axis
         if log:
             low = min(values) / 1.5
-            ticks = [m * 10.0 ** e for e in range(-4, 6) for m in (1, 2, 5) if low <= m * 10.0 ** e <= top]
-            fig.update_yaxes(type="log", range=[math.log10(low), math.log10(top)], tickvals=ticks,
-                             ticktext=[f"{v:g}" for v in ticks])
+            fig.update_yaxes(type="log", range=[math.log10(low), math.log10(top)], **_log_ticks(low, top))
         else:
             fig.update_yaxes(range=[0, top])
         # Placed by hand: on a log axis an annotation's y is in log10 units.
@@ -397,6 +397,12 @@ def pareto_figure(data: ReportData):
                  f"boundary; also required: {', '.join(others) or 'nothing else'} (grey points broke a limit)</sup>",
             520)
     return fig
+
+
+def _log_ticks(low: float, high: float) -> dict:
+    """1-2-5 ticks for a log axis, labelled plainly (plotly's own crowd the axis with minor digits)."""
+    ticks = [m * 10.0 ** e for e in range(-4, 10) for m in (1, 2, 5) if low <= m * 10.0 ** e <= high]
+    return {"tickvals": ticks, "ticktext": [f"{v:,.0f}" if v >= 1 else f"{v:g}" for v in ticks]}
 
 
 def _other_limits(b: Boundary) -> list[str]:
@@ -447,7 +453,9 @@ def preemption_figure(data: ReportData):
     labels = sorted({_seqs_label(t) for t in trials}, key=lambda s: (not s.isdigit(), int(s) if s.isdigit() else 0))
     fig.update_xaxes(type="category", categoryorder="array", categoryarray=labels, title_text="max_num_seqs",
                      row=1, col=1)
-    fig.update_xaxes(type="log", title_text="KV cache budget (tokens, as vLLM logged it)", row=1, col=2)
+    budgets = list(data.kv_tokens.values())
+    ticks = _log_ticks(min(budgets) / 2, max(budgets) * 2) if budgets else {}
+    fig.update_xaxes(type="log", title_text="KV cache budget (tokens, as vLLM logged it)", row=1, col=2, **ticks)
     fig.update_yaxes(title_text="preemptions during the replay", rangemode="tozero")
     _layout(fig, "Preemptions against max_num_seqs and the KV budget")
     return fig
@@ -564,7 +572,7 @@ def measured_on(data: ReportData) -> list[dict]:
     groups: dict[tuple[str, str], list[int]] = {}
     for t in data.trials:
         if t.hardware and t.state != "infeasible":
-            groups.setdefault((_hardware_line(t.hardware), t.vllm_version), []).append(t.trial_number)
+            groups.setdefault((hardware_line(t.hardware), t.vllm_version), []).append(t.trial_number)
     return [{"hardware": hw, "vllm_version": version, "trials": numbers}
             for (hw, version), numbers in groups.items()]
 
@@ -580,12 +588,12 @@ def recommendation_lines(data: ReportData) -> list[str]:
     rec, settings = data.recommendation, data.settings
     if rec is None:
         machines = "; ".join(f"{m['hardware']}, vLLM {m['vllm_version']}" for m in measured_on(data)) or "no machine"
-        return [f"No trial met the {_boundary_line(data.boundary)} boundary yet.",
+        return [f"No trial met the {boundary_line(data.boundary)} boundary yet.",
                 f"Trials measured on {machines}, trace {trace_line(settings)}."]
     t = rec.trial
-    lines = [f"Recommended for the {_boundary_line(rec.boundary)} boundary: trial {t.trial_number}.",
+    lines = [f"Recommended for the {boundary_line(rec.boundary)} boundary: trial {t.trial_number}.",
              t.serve_command,
-             f"Measured on {_hardware_line(t.hardware)}, vLLM {t.vllm_version}, trace "
+             f"Measured on {hardware_line(t.hardware)}, vLLM {t.vllm_version}, trace "
              f"{trace_line(settings, _m(t, 'requests'))}.",
              f"Completed {_m(t, 'completed')}/{_m(t, 'requests')} at {t.score['completed_rps']:.3f} req/s, "
              f"p95 TTFT {_num(_m(t, 'ttft_s', 'p95'))} s, p95 end-to-end {t.score['e2e_p95_s']:.3f} s, "
@@ -610,7 +618,7 @@ def summary(data: ReportData) -> dict:
     """The report's content as data: what `--json` prints and the terminal summary shows."""
     return {
         "study": data.settings.name, "generated_at": data.generated_at, "model": data.settings.model,
-        "boundary": data.boundary.to_dict(), "boundary_text": _boundary_line(data.boundary),
+        "boundary": data.boundary.to_dict(), "boundary_text": boundary_line(data.boundary),
         "trace": {"path": data.settings.trace_path, "sha256": data.settings.trace_sha256,
                   "selection": data.settings.trace_selection},
         "measured_on": measured_on(data),
@@ -636,7 +644,7 @@ th, td { border: 1px solid #ddd; padding: 4px 8px; text-align: left; vertical-al
 th { background: #f2f2f2; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
 tr.recommended td { background: #fff3f3; } tr.default td { background: #f3f7ff; }
 .scroll { overflow-x: auto; } .note { color: #777; font-style: italic; }
-.why { max-width: 420px; font-size: 13px; color: #444; }
+.why { min-width: 320px; max-width: 480px; font-size: 13px; color: #444; }
 """
 
 
@@ -684,7 +692,7 @@ def render_html(data: ReportData) -> str:
              f'<p class="meta">model {_e(s.model)} ({_e(s.model_info.get("architecture"))}); search space '
              f"{_e(s.space_name)}, sampler {_e(s.sampler)}; created {_e(s.created_at)}; report generated "
              f"{_e(data.generated_at)}</p>",
-             f'<p class="meta">boundary: {_e(_boundary_line(data.boundary))}</p>',
+             f'<p class="meta">boundary: {_e(boundary_line(data.boundary))}</p>',
              f'<p class="meta">trace: {_e(trace_line(s))}</p>']
     for m in measured_on(data):
         parts.append(f'<p class="meta">measured on {_e(m["hardware"])}, vLLM {_e(m["vllm_version"])} '

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import sys
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Optional
@@ -12,17 +10,9 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from tuner.study_cli import ArtifactsOption, JsonOption, StorageOption, _boundary_line, _hardware_line
-
-
-def _console():
-    from tuner.cli import err, out
-
-    return out, err
-
-
-def _print_json(data: object) -> None:
-    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+from tuner.console import err, fmt, out, print_json
+from tuner.describe import boundary_line, hardware_line
+from tuner.study_cli import ArtifactsOption, JsonOption, StorageOption
 
 
 # --- tuner study report ----------------------------------------------------------------------------------
@@ -42,20 +32,21 @@ def study_report(
                               trial_rows, write_report)
     from tuner.study import StoragePlan
 
-    out, err = _console()
     data = collect_report(name, StoragePlan.resolve(storage, artifacts))
     written = write_report(data, html) if html is not None else None
     if as_json:
-        return _print_json({**summary(data), "html": str(written) if written else None})
+        return print_json({**summary(data), "html": str(written) if written else None})
     lines = recommendation_lines(data)
-    out.print(f"[bold]{lines[0]}[/bold]" if data.recommendation else f"[red]{lines[0]}[/red]", highlight=False)
+    # soft_wrap: a recommendation is read and copied whole, never broken at the terminal's width.
+    out.print(f"[bold]{lines[0]}[/bold]" if data.recommendation else f"[red]{lines[0]}[/red]", highlight=False,
+              soft_wrap=True)
     if data.recommendation is not None:
-        out.print(f"  {lines[1]}", highlight=False, soft_wrap=True)
+        out.print(f"  {lines[1]}", highlight=False, soft_wrap=True, markup=False)
         rest = lines[2:]
     else:
         rest = lines[1:]
     for line in rest:
-        out.print(line, highlight=False)
+        out.print(line, highlight=False, soft_wrap=True, markup=False)
     base, rec = data.baseline, data.recommended
     table = Table("", f"vLLM default (trial {base.trial_number})" if base else "vLLM default",
                   f"recommended (trial {rec.trial_number})" if rec else "recommended", "change",
@@ -63,27 +54,29 @@ def study_report(
     for row in side_by_side(data):
         table.add_row(*row)
     out.print(table)
+    # One line per trial rather than a wide table: it reads the same at any terminal width.
+    out.print(f"[bold]every trial of study {name}[/bold]")
     shared = ", ".join(f"{k}={v}" for k, v in common_settings(data).items())
-    trials = Table("trial", "role", "state", "failure class", "settings", "completed", "req/s", "p95 TTFT s",
-                   "p95 e2e s", "preempt.", "why", title=f"every trial of study {name}",
-                   caption=f"every trial also had: {shared}" if shared else None)
+    if shared:
+        out.print(f"  all had: {shared}", highlight=False, soft_wrap=True, markup=False)
     for r in trial_rows(data):
-        trials.add_row(str(r["trial"]), ", ".join(r["roles"]), r["state"], r["failure_class"] or "-",
-                       ", ".join(f"{k}={v}" for k, v in r["settings"].items()) or "vLLM defaults",
-                       f"{r['completed']}/{r['requests']}" if r["requests"] is not None else "-",
-                       _fmt(r["completed_rps"]), _fmt(r["ttft_p95_s"]), _fmt(r["e2e_p95_s"]), _fmt(r["preemptions"]),
-                       r["why"] or "")
-    out.print(trials)
+        out.print(_trial_line(r), highlight=False, soft_wrap=True, markup=False)
     if written is not None:
         out.print(f"report written to {written}")
 
 
-def _fmt(value: object, digits: int = 3) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.{digits}f}"
-    return str(value)
+def _trial_line(r: dict) -> str:
+    """`trial 2 (recommended): complete, 16/16 at 1.7 req/s, ... | settings | why`."""
+    head = f"  trial {r['trial']}" + (f" (attempt {r['attempt']})" if r["attempt"] > 1 else "")
+    head += f" ({', '.join(r['roles'])})" if r["roles"] else ""
+    what = r["state"] + (f" [{r['failure_class']}]" if r["failure_class"] else "")
+    if r["requests"] is not None:
+        what += (f", {r['completed']}/{r['requests']} at {fmt(r['completed_rps'])} req/s, p95 TTFT "
+                 f"{fmt(r['ttft_p95_s'])} s, p95 e2e {fmt(r['e2e_p95_s'])} s, {r['preemptions']} preemptions")
+        if r["feasible"] is not None:
+            what += ", within the boundary" if r["feasible"] else ""
+    settings = ", ".join(f"{k}={v}" for k, v in r["settings"].items()) or "vLLM defaults"
+    return f"{head}: {what} | {settings}" + (f" | {r['why']}" if r["why"] else "")
 
 
 # --- tuner compare ---------------------------------------------------------------------------------------
@@ -103,12 +96,12 @@ def _compare_rows(result) -> list[tuple[str, list[str]]]:
     rows += [
         ("preemptions", cells(lambda m: f"{m.preemptions} ({m.preemptions_per_100:.1f} per 100)")),
         ("completed / requests", cells(lambda m: f"{m.completed} / {m.requests}")),
-        ("TTFT p50 / p95 s", cells(lambda m: f"{_fmt(m.ttft_s.p50)} / {_fmt(m.ttft_s.p95)}")),
-        ("total response (e2e) p50 / p95 s", cells(lambda m: f"{_fmt(m.e2e_s.p50)} / {_fmt(m.e2e_s.p95)}")),
-        ("queue time mean / p95 s (vLLM)", cells(lambda m: f"{_fmt(m.queue_s_mean)} / {_fmt(m.queue_s_p95)}")),
-        ("inference time mean s (vLLM)", cells(lambda m: _fmt(m.inference_s_mean))),
-        ("completed req/s", cells(lambda m: _fmt(m.completed_rps))),
-        ("output tok/s", cells(lambda m: _fmt(m.output_tps, 1))),
+        ("TTFT p50 / p95 s", cells(lambda m: f"{fmt(m.ttft_s.p50)} / {fmt(m.ttft_s.p95)}")),
+        ("total response (e2e) p50 / p95 s", cells(lambda m: f"{fmt(m.e2e_s.p50)} / {fmt(m.e2e_s.p95)}")),
+        ("queue time mean / p95 s (vLLM)", cells(lambda m: f"{fmt(m.queue_s_mean)} / {fmt(m.queue_s_p95)}")),
+        ("inference time mean s (vLLM)", cells(lambda m: fmt(m.inference_s_mean))),
+        ("completed req/s", cells(lambda m: fmt(m.completed_rps))),
+        ("output tok/s", cells(lambda m: fmt(m.output_tps, 1))),
         ("running / waiting peak", cells(lambda m: f"{m.running_peak:g} / {m.waiting_peak:g}")),
         ("KV usage peak", cells(lambda m: f"{m.kv_usage_peak:.0%}")),
     ]
@@ -169,7 +162,6 @@ def compare(
     from tuner.scoring import parse_limits
     from workers.engine_config import EngineConfig
 
-    out, err = _console()
     base = EngineConfig.from_assignments(set_)
     variation = parse_vary(vary, base)
     bound = make_boundary(boundary, parse_limits(limit))
@@ -190,7 +182,7 @@ def compare(
             if not as_json:
                 m = run.measurement
                 what = (f"{m.completed}/{m.requests} completed, {m.preemptions} preemptions, p95 e2e "
-                        f"{_fmt(m.e2e_s.p95)} s" if run.served else f"[red]{run.failure}[/red]")
+                        f"{fmt(m.e2e_s.p95)} s" if run.served else f"[red]{run.failure}[/red]")
                 err.print(f"{run.label}: {what}", highlight=False)
 
         result = run_compare(model=model, trace_path=trace, selection=selection, variation=variation,
@@ -201,12 +193,12 @@ def compare(
                              on_request_done=lambda _: progress.advance(task), on_run=on_run)
     records = [r.record for r in result.runs if r.record is not None]
     first = records[0]
-    machine = {"hardware": first.hardware, "description": _hardware_line(first.hardware),
+    machine = {"hardware": first.hardware, "description": hardware_line(first.hardware),
                "vllm_version": first.vllm_version}
     if as_json:
-        _print_json({"dimension": variation.name, "kind": variation.kind, "values": list(variation.values),
+        print_json({"dimension": variation.name, "kind": variation.kind, "values": list(variation.values),
                      "fixed": base.to_dict(), "model": str(model), "boundary": bound.to_dict(),
-                     "boundary_text": _boundary_line(bound), "measured_on": machine,
+                     "boundary_text": boundary_line(bound), "measured_on": machine,
                      "runs": [_run_dict(r) for r in result.runs], "verdicts": result.verdicts, "out_dir": str(out_dir)})
     else:
         table = Table("", *(r.label for r in result.runs), title=f"{variation.name}, one value at a time")
@@ -215,12 +207,13 @@ def compare(
         out.print(table)
         out.print("[bold]Verdict[/bold]")
         for line in result.verdicts:
-            out.print(f"  {line}", highlight=False)
+            out.print(f"  {line}", highlight=False, soft_wrap=True)
         t = first.trace
         out.print(f"measured on {machine['description']}, vLLM {machine['vllm_version']}, trace {t['source']} "
-                  f"(sha256 {t['sha256'][:12]}, {t['requests']} requests, {t['span_s']:.1f} s)", highlight=False)
+                  f"(sha256 {t['sha256'][:12]}, {t['requests']} requests, {t['span_s']:.1f} s)", highlight=False,
+                  soft_wrap=True)
         out.print(f"held for every value: {', '.join(f'{k}={v}' for k, v in base.to_dict().items()) or 'vLLM defaults'}"
-                  f"; judged against the {_boundary_line(bound)} boundary", highlight=False)
+                  f"; judged against the {boundary_line(bound)} boundary", highlight=False, soft_wrap=True)
         out.print(f"records: {out_dir}/<value>/measurement.json, requests.csv, server.log", highlight=False)
     if not any(r.served for r in result.runs):
         raise typer.Exit(1)

@@ -36,7 +36,6 @@ from tuner.traces.records import Trace
 from tuner.traces.selection import TraceSelection, fit_trace, load_trace
 from tuner.traces.stats import trace_stats
 from workers.engine_config import EngineConfig
-from workers.failures import FailureClass
 from workers.pool import WorkerLost, WorkerPool, WorkerResult
 from workers.trial import ARTIFACTS, TrialOutcome, TrialSpec
 
@@ -236,8 +235,12 @@ class StudyRunner:
         self.settings = self.repo.get_study(name)
         self.ctx = study_context(self.settings, plan)
         self.storage = plan.optuna_storage()
-        self.study = optuna.load_study(study_name=name, storage=self.storage,
-                                       sampler=make_sampler(self.settings.sampler, self.settings.seed))
+        self.study = optuna.load_study(study_name=name, storage=self.storage)
+        # Each run continues the seeded sequence rather than restarting it: a fixed seed in every driver
+        # would propose the first run's configurations again.
+        seed = self.settings.seed
+        self.study.sampler = make_sampler(self.settings.sampler,
+                                          None if seed is None else seed + len(self.study.trials))
         self.prune = prune
         self.parallel = parallel
         self.ray_address = ray_address

@@ -14,7 +14,8 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from tuner.errors import TunerError
+from tuner.console import err, out, print_json
+from tuner.describe import boundary_line, hardware_line, recommendation_dict
 
 study_app = typer.Typer(help="Studies: a search over engine configurations, measured trial by trial.",
                         no_args_is_help=True)
@@ -31,16 +32,6 @@ def _plan(storage: str | None, artifacts: Path | None, **kwargs):
     from tuner.study import StoragePlan
 
     return StoragePlan.resolve(storage, artifacts, **kwargs)
-
-
-def _console():
-    from tuner.cli import err, out
-
-    return out, err
-
-
-def _print_json(data: object) -> None:
-    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
 
 
 @study_app.command("create")
@@ -68,14 +59,13 @@ def study_create(
     from tuner.scoring import parse_limits
     from tuner.study import create_study
 
-    out, _ = _console()
     plan = _plan(storage, artifacts)
     settings = create_study(name, model=model or _default_model(), trace_path=trace or bundled_trace(),
                             selection=_selection(window, max_requests, rate_scale, fit), space=space,
                             boundary_name=boundary, limits=parse_limits(limit), plan=plan, sampler=sampler,
                             seed=seed, request_timeout_s=request_timeout, startup_timeout_s=startup_timeout)
     if as_json:
-        return _print_json(settings.__dict__)
+        return print_json(settings.__dict__)
     from storage.urls import redact_url
 
     out.print(f"study {name} created in {redact_url(plan.url)}: space {settings.space_name}, "
@@ -119,7 +109,6 @@ def study_run(
     boundary."""
     from tuner.study import StudyRunner
 
-    out, err = _console()
     deadline = _deadline(timeout, until)
     plan = _plan(storage, artifacts, heartbeat_interval_s=heartbeat, grace_period_s=grace)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -146,7 +135,7 @@ def study_run(
                              on_event=on_event)
         report = runner.run(trials, deadline)
     if as_json:
-        return _print_json({"trials": [_summary_dict(s) for s in report.trials],
+        return print_json({"trials": [_summary_dict(s) for s in report.trials],
                             "stopped_early": report.stopped_early})
     if report.stopped_early:
         out.print(f"stopped after {len(report.trials)} trials: {report.stopped_early}")
@@ -186,7 +175,6 @@ def study_enqueue(name: Annotated[str, typer.Argument(help="The study.")],
     from tuner.study import enqueue_config
     from workers.engine_config import EngineConfig
 
-    out, _ = _console()
     config = EngineConfig.from_assignments(set_)
     enqueue_config(name, _plan(storage, artifacts), config)
     out.print(f"enqueued in study {name}: {config.to_dict()}")
@@ -195,7 +183,6 @@ def study_enqueue(name: Annotated[str, typer.Argument(help="The study.")],
 @study_app.command("list")
 def study_list(storage: StorageOption = None, artifacts: ArtifactsOption = None, as_json: JsonOption = False) -> None:
     """Every study in the storage."""
-    out, _ = _console()
     plan = _plan(storage, artifacts)
     repo = plan.repository()
     rows = []
@@ -205,7 +192,7 @@ def study_list(storage: StorageOption = None, artifacts: ArtifactsOption = None,
                      "trace": Path(s.trace_path).name, "trials": len(trials),
                      "feasible": sum(t.state == "complete" and bool(t.score.get("feasible")) for t in trials)})
     if as_json:
-        return _print_json(rows)
+        return print_json(rows)
     table = Table("name", "created", "boundary", "space", "trace", "trials", "feasible")
     for r in rows:
         table.add_row(r["name"], r["created_at"], r["boundary"], r["space"], r["trace"], str(r["trials"]),
@@ -221,7 +208,6 @@ def study_status(name: Annotated[str, typer.Argument(help="The study.")], storag
 
     from tuner.study import recommend
 
-    out, _ = _console()
     plan, repo, settings, study = _open(name, storage, artifacts)
     stored = repo.trials(name)
     states: dict[str, int] = {}
@@ -234,7 +220,7 @@ def study_status(name: Annotated[str, typer.Argument(help="The study.")], storag
             "running": running, "waiting": waiting,
             "best": {"trial": rec.trial.trial_number, **rec.trial.score} if rec else None}
     if as_json:
-        return _print_json(data)
+        return print_json(data)
     table = Table(title=f"study {name} ({settings.boundary})", show_header=False)
     table.add_row("trials", str(len(stored)))
     for state, count in sorted(states.items()):
@@ -246,41 +232,6 @@ def study_status(name: Annotated[str, typer.Argument(help="The study.")], storag
     out.print(table)
 
 
-def _hardware_line(hw: dict) -> str:
-    from tuner.hardware import HardwareInfo
-
-    return HardwareInfo(**hw).describe() if hw else "unknown"
-
-
-def _boundary_line(b) -> str:
-    parts = []
-    if b.ttft_p95_s is not None:
-        parts.append(f"p95 TTFT <= {b.ttft_p95_s:g} s")
-    if b.e2e_p95_s is not None:
-        parts.append(f"p95 e2e <= {b.e2e_p95_s:g} s")
-    parts.append(f"completion >= {b.min_completion_ratio:.0%}")
-    if b.makespan_factor is not None:
-        parts.append(f"makespan <= {b.makespan_factor:g} x span + {b.makespan_grace_s:g} s")
-    return f"{b.name} ({', '.join(parts)})"
-
-
-def recommendation_dict(rec, settings) -> dict:
-    t = rec.trial
-    m = t.measurement or {}
-    return {
-        "study": settings.name, "trial": t.trial_number, "serve_command": t.serve_command,
-        "engine_config": t.engine_config, "boundary": rec.boundary.to_dict(), "hardware": t.hardware,
-        "vllm_version": t.vllm_version,
-        "trace": {"path": settings.trace_path, "sha256": settings.trace_sha256, "selection": settings.trace_selection},
-        "score": t.score,
-        "measurement": {k: m.get(k) for k in ("completed", "requests", "completed_rps", "output_tps", "ttft_s",
-                                              "e2e_s", "queue_s_p95", "preemptions")},
-        "baseline": {"trial": rec.baseline.trial_number, "state": rec.baseline.state,
-                     "failure_class": rec.baseline.failure_class, "score": rec.baseline.score} if rec.baseline else None,
-        "gain": rec.gain,
-    }
-
-
 @study_app.command("best")
 def study_best(name: Annotated[str, typer.Argument(help="The study.")], storage: StorageOption = None,
                artifacts: ArtifactsOption = None, as_json: JsonOption = False) -> None:
@@ -288,22 +239,21 @@ def study_best(name: Annotated[str, typer.Argument(help="The study.")], storage:
     vLLM's default configuration."""
     from tuner.study import recommend
 
-    out, err = _console()
     plan, repo, settings, study = _open(name, storage, artifacts)
     rec = recommend(repo, settings, study)
     if rec is None:
         if as_json:
-            _print_json(None)
+            print_json(None)
         else:
             err.print(f"study {name}: no trial met the {settings.boundary} boundary yet")
         raise typer.Exit(1)
     data = recommendation_dict(rec, settings)
     if as_json:
-        return _print_json(data)
+        return print_json(data)
     t, m = rec.trial, rec.trial.measurement or {}
-    out.print(f"Recommended for the {_boundary_line(rec.boundary)} boundary (trial {t.trial_number}):")
+    out.print(f"Recommended for the {boundary_line(rec.boundary)} boundary (trial {t.trial_number}):")
     out.print(f"  {t.serve_command}", highlight=False, soft_wrap=True)
-    out.print(f"measured on {_hardware_line(t.hardware)}, vLLM {t.vllm_version}, trace "
+    out.print(f"measured on {hardware_line(t.hardware)}, vLLM {t.vllm_version}, trace "
               f"{Path(settings.trace_path).name} (sha256 {settings.trace_sha256[:12]}, {m.get('requests')} requests)")
     out.print(f"completed {m.get('completed')}/{m.get('requests')} at {t.score['completed_rps']:.3f} req/s, "
               f"{t.score['output_tps']:.1f} output tok/s, p95 TTFT {(m.get('ttft_s') or {}).get('p95') or 0:.3f} s, "
@@ -340,7 +290,12 @@ def study_export(name: Annotated[str, typer.Argument(help="The study.")],
             if requests:
                 row["requests"] = [r.__dict__ for r in repo.requests(name, t.trial_number)]
             rows.append(row)
-        text = json.dumps({"study": settings.__dict__, "trials": rows}, indent=2, default=str) + "\n"
+        from tuner.study import recommend
+
+        rec = recommend(repo, settings, study)
+        text = json.dumps({"study": settings.__dict__,
+                           "recommendation": recommendation_dict(rec, settings) if rec else None,
+                           "trials": rows}, indent=2, default=str) + "\n"
     else:
         import io
 
@@ -378,7 +333,6 @@ def dashboard(storage: StorageOption = None, artifacts: ArtifactsOption = None,
     plan = _plan(storage, artifacts)
     plan.repository()  # a clear error now if the database cannot be reached
     plan.artifact_dir.mkdir(parents=True, exist_ok=True)
-    _, err = _console()
     err.print(f"optuna-dashboard for {redact_url(plan.url)} on http://{host}:{port}/ (Ctrl-C stops it)")
     try:
         run_server(plan.optuna_storage(), host=host, port=port,

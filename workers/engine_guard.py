@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 
 from workers.process_group import die_with_parent, terminate_group
 
@@ -41,19 +42,26 @@ def _outer(argv: list[str]) -> int:
 def _inner(argv: list[str]) -> int:
     server = subprocess.Popen(argv)
     pgid = os.getpgid(0)
+    # The outer guard waits for this one: stopping it too would only make both wait out the grace period.
+    guards = (os.getpid(), os.getppid())
+    stopping = threading.Event()
 
     def stop(signum, frame) -> None:
+        # Only signals here: waiting inside a handler would contend with the main thread's wait below.
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the outer guard forwards the group's SIGTERM here too
-        terminate_group(pgid, GRACE_S, spare=os.getpid())
-        sys.exit(128 + signum)
+        stopping.set()
+        server.terminate()  # the server first, so that it shuts its engine down the way vLLM does
+        deadline = threading.Timer(GRACE_S, terminate_group, (pgid, GRACE_S, guards))
+        deadline.daemon = True  # must not hold the guard's exit once the server is gone
+        deadline.start()
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     code = server.wait()
-    # The server ended on its own (crash, refusal at start): nothing it started may outlive it.
+    # Stopped, or ended on its own (crash, refusal at start): nothing the server started may outlive it.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    terminate_group(pgid, GRACE_S, spare=os.getpid())
-    return _exit_code(code)
+    terminate_group(pgid, GRACE_S, spare=guards)
+    return 128 + signal.SIGTERM if stopping.is_set() else _exit_code(code)
 
 
 def main() -> int:

@@ -73,11 +73,12 @@ def classify_failure(exit_code: int | None, log_text: str, *, timed_out: bool = 
         hits = [i for i, line in enumerate(lines) if pattern.search(line)]
         if not hits:
             continue
-        line = lines[hits[-1]].strip()
+        # The message after vLLM's log prefix and exception name: "ValueError: To serve at least ...".
+        line = re.sub(r"^.*?\b\w*(?:Error|Exception): ", "", lines[hits[-1]].strip(), count=1)
         estimate = None
         if kind is FailureClass.KV_INSUFFICIENT:
             found = [m for m in (_KV_ESTIMATE.search(x) for x in lines) if m]
             estimate = int(found[-1].group(1)) if found else None
-        return EngineFailure(kind, line[-400:], exit_code, _excerpt(lines, hits[-1]), estimate)
+        return EngineFailure(kind, line[:400], exit_code, _excerpt(lines, hits[-1]), estimate)
     return EngineFailure(FailureClass.STARTUP_CRASH, f"the engine exited during startup (exit code {exit_code})",
                          exit_code, _excerpt(lines, None))

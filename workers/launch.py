@@ -91,7 +91,11 @@ def engine_argv(model: str | Path, config: EngineConfig, port: int, extra_args: 
 
 
 def stop_process_group(process: subprocess.Popen) -> None:
-    """Stop the engine's group: its guard (the group leader, whose pid is the group id) and all it started."""
+    """Stop the engine's group: ask its guard (the group leader, whose pid is the group id) to stop the server
+    in order, then stop whatever of the group is left."""
+    process.terminate()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(timeout=2 * STOP_GRACE_S)
     terminate_group(process.pid, STOP_GRACE_S)
     with contextlib.suppress(subprocess.TimeoutExpired):
         process.wait(timeout=5)

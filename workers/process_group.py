@@ -6,6 +6,7 @@ import contextlib
 import ctypes
 import os
 import signal
+import time
 
 import psutil
 
@@ -18,26 +19,41 @@ def die_with_parent(sig: int = signal.SIGTERM) -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, sig)
 
 
+def _running(proc: psutil.Process) -> bool:
+    """Alive and not a zombie: a zombie has exited, whether or not its new parent has reaped it yet."""
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
 def group_members(pgid: int) -> list[psutil.Process]:
     members = []
     for proc in psutil.process_iter():
         with contextlib.suppress(psutil.Error, ProcessLookupError, PermissionError):
-            if os.getpgid(proc.pid) == pgid:
+            if os.getpgid(proc.pid) == pgid and _running(proc):
                 members.append(proc)
     return members
 
 
-def terminate_group(pgid: int, grace_s: float, spare: int | None = None) -> None:
-    """SIGTERM every member of the group but `spare`, wait up to grace_s, then SIGKILL what is left.
+def _wait_gone(procs: list[psutil.Process], timeout_s: float) -> list[psutil.Process]:
+    deadline = time.monotonic() + timeout_s
+    while (alive := [p for p in procs if _running(p)]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return alive
+
+
+def terminate_group(pgid: int, grace_s: float, spare: tuple[int, ...] = ()) -> None:
+    """SIGTERM every member of the group but those in `spare`, wait up to grace_s, then SIGKILL what is left.
 
     Members are found by group id, not by parentage: an engine-core process whose server was killed outright
     has a new parent but is still in the group."""
-    members = [p for p in group_members(pgid) if p.pid != spare]
+    members = [p for p in group_members(pgid) if p.pid not in spare]
     for proc in members:
         with contextlib.suppress(psutil.Error):
             proc.terminate()
-    _, alive = psutil.wait_procs(members, timeout=grace_s)
-    for proc in alive + [p for p in group_members(pgid) if p.pid != spare and p not in members]:
+    alive = _wait_gone(members, grace_s)
+    for proc in alive + [p for p in group_members(pgid) if p.pid not in spare and p not in members]:
         with contextlib.suppress(psutil.Error):
             proc.kill()
-    psutil.wait_procs(alive, timeout=5)
+    _wait_gone(alive, 5)

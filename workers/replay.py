@@ -220,7 +220,7 @@ async def replay(base_url: str, requests: list[ReplayRequest], *, timeout_s: flo
                  engine_alive: Callable[[], bool] | None = None,
                  should_stop: Callable[[LiveReplay], str | None] | None = None,
                  on_done: Callable[[RequestRecord], None] | None = None,
-                 sample_interval_s: float = 0.5, collect_metrics: bool = True) -> ReplayResult:
+                 sample_interval_s: float = 0.25, collect_metrics: bool = True) -> ReplayResult:
     """Send every request at its scheduled offset, whatever is in flight, and gather what happened.
 
     Polled every 0.25 s while replaying: `engine_alive` (once False, the requests not yet due are recorded

@@ -108,7 +108,7 @@ class MetricsSampler:
 
     client: httpx.AsyncClient
     base_url: str
-    interval_s: float = 0.5
+    interval_s: float = 0.25
     samples: list[TimelineSample] = field(default_factory=list)
     errors: int = 0
 

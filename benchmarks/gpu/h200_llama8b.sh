@@ -30,7 +30,7 @@ case $phase in
     ;;
   compare)
     tuner compare --model "$model" --max-requests 600 --rate-scale 4 --set dtype=bfloat16 \
-      --set enforce_eager=true --set gpu_memory_utilization=0.2 --vary max_num_seqs=32,256 \
+      --set enforce_eager=true --set gpu_memory_utilization=0.2 --set max_model_len=8192 --vary max_num_seqs=32,256 \
       --startup-timeout 300 --request-timeout 300 --out "$out/compare" --json | tee "$out/compare.json"
     ;;
 esac

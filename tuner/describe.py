@@ -1,0 +1,50 @@
+"""How a recommendation is stated wherever it is printed or exported: with the boundary it meets, the machine
+it was measured on, the vLLM version and the trace."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from tuner.hardware import HardwareInfo
+
+if TYPE_CHECKING:
+    from storage import StudySettings
+    from tuner.scoring import Boundary
+    from tuner.study import Recommendation
+
+
+def hardware_line(hw: dict) -> str:
+    """GPU model, memory and count, or CPU model and cores."""
+    return HardwareInfo(**hw).describe() if hw else "unknown"
+
+
+def boundary_line(b: Boundary) -> str:
+    """The boundary's name with every limit it sets."""
+    parts = []
+    if b.ttft_p95_s is not None:
+        parts.append(f"p95 TTFT <= {b.ttft_p95_s:g} s")
+    if b.e2e_p95_s is not None:
+        parts.append(f"p95 e2e <= {b.e2e_p95_s:g} s")
+    parts.append(f"completion >= {b.min_completion_ratio:.0%}")
+    if b.makespan_factor is not None:
+        parts.append(f"makespan <= {b.makespan_factor:g} x span + {b.makespan_grace_s:g} s")
+    return f"{b.name} ({', '.join(parts)})"
+
+
+def recommendation_dict(rec: Recommendation, settings: StudySettings) -> dict:
+    """A recommendation for programs: the command, the boundary, the machine, vLLM, the trace, the gain."""
+    t = rec.trial
+    m = t.measurement or {}
+    return {
+        "study": settings.name, "trial": t.trial_number, "serve_command": t.serve_command,
+        "engine_config": t.engine_config, "boundary": rec.boundary.to_dict(),
+        "boundary_text": boundary_line(rec.boundary), "hardware": t.hardware, "measured_on": hardware_line(t.hardware),
+        "vllm_version": t.vllm_version,
+        "trace": {"path": settings.trace_path, "sha256": settings.trace_sha256, "selection": settings.trace_selection},
+        "score": t.score,
+        "measurement": {k: m.get(k) for k in ("completed", "requests", "completed_rps", "output_tps", "ttft_s",
+                                              "e2e_s", "queue_s_p95", "preemptions")},
+        "baseline": {"trial": rec.baseline.trial_number, "state": rec.baseline.state,
+                     "failure_class": rec.baseline.failure_class, "score": rec.baseline.score} if rec.baseline else None,
+        "gain": rec.gain,
+    }
