@@ -70,8 +70,8 @@ def test_watch_stops_once_p95_cannot_be_met():
     # 20 requests: p95 interpolates between ranks 18 and 19 (0-based), so 2 over the limit decide it.
     assert watch(_live(20, [_record(0, 31.0)])) is None
     assert "p95 cannot meet it" in watch(_live(20, [_record(0, 31.0), _record(1, 40.0)]))
-    # One over, one still in flight past the limit: that one may still fail instead, within the 1% budget?
-    # 20 * 1% rounds down to 0 failures allowed, so it must finish, over the limit.
+    # One over, one still in flight past the limit: with 20 requests the 1% failure budget is 0, so that one
+    # cannot fail instead; it will finish over the limit.
     assert watch(_live(20, [_record(0, 31.0)], in_flight_ages=[35.0])) is not None
 
 
