@@ -69,7 +69,8 @@ def test_suggestions_from_a_real_study_lie_in_range_and_on_the_grid(name):
             assert getattr(config, key) == value
         for key, dist in space.distributions().items():
             value = getattr(config, key)
-            assert value == trial.params[key]
+            # A float on a step grid is rounded to the step's decimals (0.85, not 0.8500000000000001).
+            assert value == pytest.approx(trial.params[key], abs=1e-9)
             if isinstance(dist, CategoricalDistribution):
                 assert value in dist.choices
                 continue
@@ -406,3 +407,12 @@ def test_any_proposal_gives_reasons_or_none_never_an_exception(name, data, conte
     reasons = space.violations(EngineConfig(**space.fixed, **drawn), context)
     assert isinstance(reasons, list)
     assert all(isinstance(r, str) and r.strip() and "\n" not in r for r in reasons)
+
+
+def test_float_steps_read_as_written():
+    """Optuna's step grid is binary floating point; the configuration, and so `vllm serve`, is not."""
+    from search_spaces.space import FloatParameter
+
+    s = study()
+    values = {FloatParameter("gpu_memory_utilization", 0.15, 0.95, step=0.05).suggest(s.ask()) for _ in range(60)}
+    assert values <= {round(0.15 + 0.05 * k, 2) for k in range(17)} and len(values) > 5
