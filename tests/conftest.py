@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -45,3 +47,10 @@ def no_engine_left_behind(request):
         time.sleep(0.2)
     left = vllm_processes()
     assert not left, f"vLLM processes left behind: {[(p.pid, p.name()) for p in left]}"
+
+
+def run_tuner(*args: str) -> subprocess.CompletedProcess:
+    """The `tuner` command line as a user runs it; a non-zero exit fails the test with its stderr."""
+    result = subprocess.run([sys.executable, "-m", "tuner", *args], capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result

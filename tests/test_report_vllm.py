@@ -4,12 +4,10 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
-from conftest import AZURE_CONV, REPO
+from conftest import AZURE_CONV, REPO, run_tuner as tuner
 from test_report import check_page_in_chromium
 from tuner.study import StoragePlan, enqueue_config
 from workers.engine_config import EngineConfig
@@ -36,11 +34,6 @@ PRESSURED = EngineConfig(max_num_seqs=16, max_num_batched_tokens=1024, num_gpu_b
 SLICE = ["--trace", str(AZURE_CONV), "--window", "300:400", "--max-requests", "16", "--rate-scale", "100",
          "--fit", "clip"]
 
-
-def tuner(*args: str) -> subprocess.CompletedProcess:
-    result = subprocess.run([sys.executable, "-m", "tuner", *args], capture_output=True, text=True, timeout=900)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import httpx
 import optuna
 import pytest
 
-from conftest import AZURE_CONV, REPO, vllm_processes
+from conftest import AZURE_CONV, REPO, run_tuner as tuner, vllm_processes
 from storage import Repository
 from tuner.study import StoragePlan, enqueue_config, recommend
 from workers.engine_config import EngineConfig
@@ -38,13 +38,6 @@ INFEASIBLE = EngineConfig(max_num_seqs=16, max_num_batched_tokens=8, num_gpu_blo
 KV_INSUFFICIENT = EngineConfig(max_num_seqs=8, max_num_batched_tokens=1024, num_gpu_blocks_override=4)
 PRESSURED = EngineConfig(max_num_seqs=16, max_num_batched_tokens=1024, num_gpu_blocks_override=24)
 
-
-def tuner(*args: str, env: dict | None = None, check: bool = True) -> subprocess.CompletedProcess:
-    result = subprocess.run([sys.executable, "-m", "tuner", *args], capture_output=True, text=True, timeout=900,
-                            env=env)
-    if check:
-        assert result.returncode == 0, result.stderr[-3000:]
-    return result
 
 
 @pytest.fixture(scope="module")
