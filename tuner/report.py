@@ -133,18 +133,14 @@ class ReportData:
 
 def collect_report(name: str, plan) -> ReportData:
     """Read a study back: its trials, recommendation, default, request rows, timelines and KV budgets."""
-    from tuner.study import is_baseline, load_optuna_study, recommend
+    from tuner.study import find_baseline, load_optuna_study, recommend
 
     repo = plan.repository()
     settings = repo.get_study(name)
     study = load_optuna_study(name, plan)
     trials = tuple(repo.trials(name))
     rec = recommend(repo, settings, study)
-    if rec is not None:
-        baseline = rec.baseline
-    else:
-        baselines = [t for t in trials if is_baseline(t, study)]
-        baseline = next((t for t in baselines if t.state == "complete"), baselines[0] if baselines else None)
+    baseline = rec.baseline if rec is not None else find_baseline(list(trials), study)
     requests, timelines, kv = {}, {}, {}
     for t in trials:
         folder = trial_dir(plan.artifact_dir, name, t.trial_number)

@@ -467,17 +467,18 @@ class Recommendation:
                 "e2e_p95_ratio": rec["e2e_p95_s"] / base["e2e_p95_s"] if base.get("e2e_p95_s") else math.nan}
 
 
-def is_baseline(trial: StoredTrial, optuna_study: optuna.Study) -> bool:
-    frozen = optuna_study.trials[trial.trial_number]
-    return bool(frozen.user_attrs.get(BASELINE_ATTR))
+def find_baseline(trials: list[StoredTrial], optuna_study: optuna.Study) -> StoredTrial | None:
+    """vLLM's default configuration as run in the study: its completed run if any, else its first try."""
+    numbers = {t.number for t in optuna_study.get_trials(deepcopy=False) if t.user_attrs.get(BASELINE_ATTR)}
+    baselines = [t for t in trials if t.trial_number in numbers]
+    return next((t for t in baselines if t.state == "complete"), baselines[0] if baselines else None)
 
 
 def recommend(repo: Repository, settings: StudySettings, optuna_study: optuna.Study) -> Recommendation | None:
     """The feasible trial with the highest completed throughput (near-ties to the lower p95 latency)."""
     trials = repo.trials(settings.name)
     feasible = [t for t in trials if t.state == "complete" and t.score.get("feasible")]
-    baselines = [t for t in trials if is_baseline(t, optuna_study)]
-    baseline = next((t for t in baselines if t.state == "complete"), baselines[0] if baselines else None)
+    baseline = find_baseline(trials, optuna_study)
     bound = boundary(settings.boundary, settings.limits)
     if not feasible:
         return None

@@ -8,7 +8,6 @@ import os
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -101,15 +100,13 @@ def stop_process_group(process: subprocess.Popen) -> None:
         process.wait(timeout=5)
 
 
-def _wait_healthy(process: subprocess.Popen, base_url: str, timeout_s: float, cancel: threading.Event | None) -> bool:
+def _wait_healthy(process: subprocess.Popen, base_url: str, timeout_s: float) -> bool:
     """True once /health answers 200; False if the process exits first. Raises TimeoutError past the limit."""
     deadline = time.monotonic() + timeout_s
     with httpx.Client(timeout=2.0) as client:
         while time.monotonic() < deadline:
             if process.poll() is not None:
                 return False
-            if cancel is not None and cancel.is_set():
-                raise KeyboardInterrupt
             try:
                 if client.get(f"{base_url}/health").status_code == 200:
                     return True
@@ -120,8 +117,8 @@ def _wait_healthy(process: subprocess.Popen, base_url: str, timeout_s: float, ca
 
 
 def start_engine(model: str | Path, config: EngineConfig, log_path: str | Path, *,
-                 startup_timeout_s: float = 600.0, extra_args: list[str] = (), env: dict[str, str] | None = None,
-                 cancel: threading.Event | None = None) -> RunningEngine:
+                 startup_timeout_s: float = 600.0, extra_args: list[str] = (),
+                 env: dict[str, str] | None = None) -> RunningEngine:
     """Launch and wait for /health. On failure the group is already stopped and EngineLaunchError says why."""
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -138,7 +135,7 @@ def start_engine(model: str | Path, config: EngineConfig, log_path: str | Path, 
     engine = RunningEngine(process, argv, f"http://127.0.0.1:{port}", log_path, 0.0)
     _LIVE.add(engine)
     try:
-        healthy = _wait_healthy(process, engine.base_url, startup_timeout_s, cancel)
+        healthy = _wait_healthy(process, engine.base_url, startup_timeout_s)
         timed_out = False
     except TimeoutError:
         healthy, timed_out = False, True

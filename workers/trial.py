@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import csv
 import json
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -63,7 +62,7 @@ def trace_summary(trace: Trace) -> dict:
 
 
 def run_trial(spec: TrialSpec, *, on_request_done: Callable[[RequestRecord], None] | None = None,
-              on_phase: Callable[[str], None] | None = None, cancel: threading.Event | None = None) -> TrialOutcome:
+              on_phase: Callable[[str], None] | None = None) -> TrialOutcome:
     """Run one trial to the end (or until its stop rule gives a reason); the engine is stopped before this
     returns, on every path."""
     phase = on_phase or (lambda _: None)
@@ -79,7 +78,7 @@ def run_trial(spec: TrialSpec, *, on_request_done: Callable[[RequestRecord], Non
     phase("starting engine")
     try:
         engine = start_engine(spec.model, spec.config, log_path, startup_timeout_s=spec.startup_timeout_s,
-                              extra_args=list(spec.extra_args), env=spec.env, cancel=cancel)
+                              extra_args=list(spec.extra_args), env=spec.env)
     except EngineLaunchError as exc:
         record = TrialRecord(**base, timings=TrialTimings(exc.startup_s, 0.0, 0.0), measurement=None,
                              failure=exc.failure)
