@@ -171,6 +171,8 @@ def test_killed_driver_resumes_keeping_finished_trials_and_rerunning_the_interru
         time.sleep(0.5)
     proc.send_signal(signal.SIGKILL)
     proc.wait(10)
+    running = optuna.load_study(study_name="s", storage=study["storage"]).trials[5].state
+    assert running is optuna.trial.TrialState.RUNNING, "the driver must be killed while trial 5 runs"
     for _ in range(60):
         if not vllm_processes():
             break

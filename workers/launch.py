@@ -127,10 +127,12 @@ def start_engine(model: str | Path, config: EngineConfig, log_path: str | Path, 
     started = time.monotonic()
     with open(log_path, "wb") as log:
         # The guard leads a new session (so a group kill reaches everything the server starts) and dies,
-        # taking the group with it, if this process dies.
+        # taking the group with it, if this process dies. Unbuffered, so the log is live while it runs and
+        # complete up to the moment a server is killed.
         process = subprocess.Popen([sys.executable, "-m", "workers.engine_guard", *argv], stdout=log,
                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                   env={**os.environ, **(env or {})}, start_new_session=True,
+                                   env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+                                   start_new_session=True,
                                    preexec_fn=die_with_parent)
     engine = RunningEngine(process, argv, f"http://127.0.0.1:{port}", log_path, 0.0)
     _LIVE.add(engine)
