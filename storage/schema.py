@@ -19,9 +19,17 @@ NAMING_CONVENTION = {
 }
 
 
+# The schedules (APScheduler's job store) and their runs: tuner.schedules creates and keeps these two beside
+# the job store, as APScheduler does its own, outside the migrations.
+SCHEDULE_JOBS_TABLE = "tuner_schedules"
+SCHEDULE_RUNS_TABLE = "tuner_schedule_runs"
+
+
 def include_name(name: str | None, type_: str, parent_names: dict) -> bool:
-    """Alembic filter: only tuner's tables are compared or migrated, never Optuna's."""
-    return type_ != "table" or (name or "").startswith(TABLE_PREFIX)
+    """Alembic filter: only the tables of tuner's migrations are compared or migrated, never Optuna's nor the
+    schedules'."""
+    return type_ != "table" or ((name or "").startswith(TABLE_PREFIX)
+                                and name not in (SCHEDULE_JOBS_TABLE, SCHEDULE_RUNS_TABLE))
 
 
 class Base(DeclarativeBase):

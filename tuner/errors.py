@@ -5,6 +5,10 @@ class TunerError(Exception):
     """Bad input or a condition the user must fix; its message is shown as is."""
 
 
+class NotFound(TunerError):
+    """A study, run or schedule that does not exist (the service answers 404)."""
+
+
 class TraceFormatError(TunerError):
     """A trace file that cannot be read, with the file and line it failed at."""
 

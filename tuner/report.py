@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 from storage import StoredRequest, StoredTrial, StudySettings
-from tuner.errors import TunerError
 from tuner.scoring import Boundary, boundary
 from tuner.study import Recommendation
 from tuner.describe import boundary_line, hardware_line, recommendation_dict
@@ -749,11 +748,3 @@ def render_html(data: ReportData) -> str:
             f"<title>tuner report: {_e(s.name)}</title><style>{_CSS}</style>"
             f"<script type=\"text/javascript\">{get_plotlyjs()}</script></head>\n<body>\n{body}\n</body></html>\n")
 
-
-def write_report(data: ReportData, path: Path) -> Path:
-    path = Path(path)
-    if path.is_dir():
-        raise TunerError(f"{path} is a folder: give the HTML file to write")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render_html(data), encoding="utf-8")
-    return path

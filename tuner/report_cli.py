@@ -12,7 +12,8 @@ from rich.table import Table
 
 from tuner.console import err, fmt, out, print_json
 from tuner.describe import boundary_line, hardware_line
-from tuner.study_cli import ArtifactsOption, JsonOption, StorageOption
+from tuner.errors import TunerError
+from tuner.study_cli import ArtifactsOption, JsonOption, ServerOption, StorageOption, TokenFileOption
 
 
 # --- tuner study report ----------------------------------------------------------------------------------
@@ -23,43 +24,49 @@ def study_report(
     html: Annotated[Optional[Path], typer.Option("--html", help="Write the report as one self-contained HTML "
                                                                 "page (plots included, no network needed).")] = None,
     storage: StorageOption = None, artifacts: ArtifactsOption = None, as_json: JsonOption = False,
+    server: ServerOption = None, token_file: TokenFileOption = None,
 ) -> None:
     """The study's report: the recommendation, vLLM's default beside it, and every trial.
 
     The recommendation is stated with its boundary, machine, trace and vLLM version. --html writes the page
     with the plots: Pareto front, preemptions, queue against inference, timelines, output lengths."""
-    from tuner.report import (collect_report, common_settings, recommendation_lines, side_by_side, summary,
-                              trial_rows, write_report)
-    from tuner.study import StoragePlan
+    from tuner.study_cli import _studies
 
-    data = collect_report(name, StoragePlan.resolve(storage, artifacts))
-    written = write_report(data, html) if html is not None else None
+    studies = _studies(server, token_file, storage, artifacts)
+    view = studies.report(name)
+    written = None
+    if html is not None:
+        if html.is_dir():
+            raise TunerError(f"{html} is a folder: give the HTML file to write")
+        html.parent.mkdir(parents=True, exist_ok=True)
+        html.write_text(studies.report_html(name), encoding="utf-8")
+        written = html
     if as_json:
-        return print_json({**summary(data), "html": str(written) if written else None})
-    lines = recommendation_lines(data)
+        return print_json({**view["summary"], "html": str(written) if written else None})
+    lines = view["lines"]
     # soft_wrap: a recommendation is read and copied whole, never broken at the terminal's width.
-    out.print(f"[bold]{lines[0]}[/bold]" if data.recommendation else f"[red]{lines[0]}[/red]", highlight=False,
+    out.print(f"[bold]{lines[0]}[/bold]" if view["recommended"] else f"[red]{lines[0]}[/red]", highlight=False,
               soft_wrap=True)
-    if data.recommendation is not None:
+    if view["recommended"]:
         out.print(f"  {lines[1]}", highlight=False, soft_wrap=True, markup=False)
         rest = lines[2:]
     else:
         rest = lines[1:]
     for line in rest:
         out.print(line, highlight=False, soft_wrap=True, markup=False)
-    base, rec = data.baseline, data.recommended
-    table = Table("", f"vLLM default (trial {base.trial_number})" if base else "vLLM default",
-                  f"recommended (trial {rec.trial_number})" if rec else "recommended", "change",
+    base, rec = view["baseline_trial"], view["recommended_trial"]
+    table = Table("", f"vLLM default (trial {base})" if base is not None else "vLLM default",
+                  f"recommended (trial {rec})" if rec is not None else "recommended", "change",
                   title="default and recommendation, side by side")
-    for row in side_by_side(data):
+    for row in view["side_by_side"]:
         table.add_row(*row)
     out.print(table)
     # One line per trial rather than a wide table: it reads the same at any terminal width.
     out.print(f"[bold]every trial of study {name}[/bold]")
-    shared = ", ".join(f"{k}={v}" for k, v in common_settings(data).items())
+    shared = ", ".join(f"{k}={v}" for k, v in view["common_settings"].items())
     if shared:
         out.print(f"  all had: {shared}", highlight=False, soft_wrap=True, markup=False)
-    for r in trial_rows(data):
+    for r in view["trial_rows"]:
         out.print(_trial_line(r), highlight=False, soft_wrap=True, markup=False)
     if written is not None:
         out.print(f"report written to {written}")

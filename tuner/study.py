@@ -8,7 +8,9 @@ default configuration (the search space's fixed values alone) as an enqueued bas
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
+import re
 import statistics
 import threading
 import time
@@ -20,14 +22,16 @@ from pathlib import Path
 
 import optuna
 import ray
+from optuna.exceptions import StorageInternalError
 from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback, fail_stale_trials
 from optuna.trial import TrialState
+from sqlalchemy.exc import OperationalError
 
 from search_spaces import SearchSpace, SpaceContext, load_space
-from storage import Repository, StoredRequest, StoredTrial, StudySettings
+from storage import DatabaseUnreachable, Repository, StoredRequest, StoredTrial, StudySettings
 from storage.artifacts import attach_trial_artifacts
 from storage.urls import default_artifact_dir, default_storage_url
-from tuner.errors import TunerError
+from tuner.errors import NotFound, TunerError
 from tuner.hardware import detect_hardware
 from tuner.models import inspect_model
 from tuner.pruning import BoundaryWatch
@@ -47,7 +51,30 @@ warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning
 warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 BASELINE_ATTR = "baseline"
-RERUN_ATTR = "rerun_of"  # a configuration re-run because its worker was lost
+RERUN_ATTR = "rerun_of"  # a configuration re-run because its worker was lost or its run stopped mid-trial
+WARM_START_ATTR = "warm_start_from"  # a configuration carried over from an earlier study
+WINDOW_END = "stopped at the window's end"
+NO_TIME_LEFT = "no time left in the window for another trial"
+# How often a run with trials in flight looks at the clock and for a stop request.
+STOP_POLL_S = 1.0
+
+_DURATION = re.compile(r"(?:\d+(?:\.\d+)?[hms])+")
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)([hms])")
+_UNIT_S = {"h": 3600.0, "m": 60.0, "s": 1.0}
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in a duration such as `5h`, `30m`, `90s` or `1h30m` (a bare number is seconds)."""
+    compact = text.strip().lower().replace(" ", "")
+    try:
+        seconds = float(compact)
+    except ValueError:
+        if not _DURATION.fullmatch(compact):
+            raise TunerError(f"a duration is like 5h, 30m, 90s or 1h30m, got {text!r}") from None
+        seconds = sum(float(number) * _UNIT_S[unit] for number, unit in _DURATION_PART.findall(compact))
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise TunerError(f"a duration must be more than 0 s, got {text!r}")
+    return seconds
 
 
 @dataclass(frozen=True)
@@ -170,7 +197,7 @@ class TrialSummary:
     """What a study run says about one trial as it ends (for progress lines and tests)."""
 
     number: int
-    state: str  # complete, failed, pruned, infeasible
+    state: str  # complete, failed, pruned, infeasible, worker_lost, stopped
     baseline: bool
     config: EngineConfig
     score: Score | None = None
@@ -196,11 +223,38 @@ class _Heartbeat:
 
     def _beat(self) -> None:
         while not self._stop.wait(self._interval):
-            self._storage.record_heartbeat(self._trial_id)
+            try:
+                self._storage.record_heartbeat(self._trial_id)
+            except StorageInternalError:
+                # The database is out of reach for now: beat again next time. Whether the run can go on is
+                # decided when the trial's result is stored.
+                continue
 
     def stop(self) -> None:
         self._stop.set()
         self._thread.join()
+
+
+def _stops_when_the_database_is_lost(run: Callable) -> Callable:
+    """The database lost mid-run (Optuna's side or tuner's tables) ends the run with one line naming it, not a
+    traceback. The trials in flight stay RUNNING without heartbeat, so the next run re-runs them; every stored
+    trial is kept."""
+
+    @functools.wraps(run)
+    def guarded(self: StudyRunner, *args, **kwargs):
+        try:
+            return run(self, *args, **kwargs)
+        except (DatabaseUnreachable, OperationalError, StorageInternalError) as exc:
+            # Optuna wraps the driver's error in its own, whatever its cause.
+            lost = exc.__cause__ if isinstance(exc, StorageInternalError) else exc
+            if isinstance(lost, OperationalError):
+                lost = DatabaseUnreachable.from_error(self.plan.url, lost)
+            elif not isinstance(lost, DatabaseUnreachable):
+                raise
+            raise DatabaseUnreachable(f"{lost}; the run stopped, the trials in flight will be run again by the "
+                                      f"next `tuner study run`") from None
+
+    return guarded
 
 
 def _attempt(study: optuna.Study, trial: optuna.Trial) -> int:
@@ -221,6 +275,7 @@ class _InFlight:
     trace: Trace
     slot: int
     beat: _Heartbeat
+    started_at: str  # ISO 8601, UTC
     slot_freed_at: float | None = None  # when the trial before it on this slot ended (time.time())
 
 
@@ -245,12 +300,24 @@ class StudyRunner:
         self.parallel = parallel
         self.ray_address = ray_address
         self._emit = on_event or (lambda kind, data: None)
+        self._stop_reason: str | None = None
 
-    def run(self, n_trials: int, deadline: float | None = None) -> RunReport:
-        """Up to n_trials trials; none is started that the deadline (time.time()) would cut short."""
+    def stop(self, reason: str) -> None:
+        """End the run from outside (another thread, a signal handler): no trial starts any more, the trials in
+        flight are stopped and recorded as stopped with this reason, and `run` returns."""
+        self._stop_reason = self._stop_reason or reason
+
+    @_stops_when_the_database_is_lost
+    def run(self, n_trials: int | None, deadline: float | None = None, *,
+            stop_at: float | None = None) -> RunReport:
+        """Up to n_trials trials (None: as many as time allows). None is started that the deadline or stop_at
+        (time.time()) would cut short, judged by the median time of the study's finished trials; at stop_at the
+        trials still in flight are stopped."""
         # Trials of a driver that died are failed now and re-enqueued once with the same configuration.
         fail_stale_trials(self.study)
         report = RunReport()
+        ends = [t for t in (deadline, stop_at) if t is not None]
+        last_end = min(ends) if ends else None
         tp = self.ctx.space.baseline().tensor_parallel_size or 1
         hardware = detect_hardware()
         with WorkerPool(self.parallel, ray_address=self.ray_address, tensor_parallel_size=tp,
@@ -262,10 +329,16 @@ class StudyRunner:
             started = 0
             try:
                 while True:
-                    while free and started < n_trials and report.stopped_early is None:
-                        if deadline is not None and time.time() + (
-                                _expected_trial_s(self.repo, self.settings.name) or 0.0) > deadline:
-                            report.stopped_early = "no time left in the window for another trial"
+                    reason = self._stop_reason or (WINDOW_END if stop_at is not None and time.time() >= stop_at
+                                                   else None)
+                    if reason is not None:
+                        report.stopped_early = reason
+                        self._stop_in_flight(pool, in_flight, reason, report)
+                        break
+                    while free and (n_trials is None or started < n_trials) and report.stopped_early is None:
+                        if last_end is not None and time.time() + (
+                                _expected_trial_s(self.repo, self.settings.name) or 0.0) > last_end:
+                            report.stopped_early = NO_TIME_LEFT
                             break
                         started += 1
                         job = self._start(pool, free[0])
@@ -276,7 +349,10 @@ class StudyRunner:
                         in_flight[pool.submit(free.pop(0), job[1])] = job[0]
                     if not in_flight:
                         break
-                    (ref,), _ = ray.wait(list(in_flight), num_returns=1)
+                    ready, _ = ray.wait(list(in_flight), num_returns=1, timeout=STOP_POLL_S)
+                    if not ready:
+                        continue
+                    ref = ready[0]
                     job = in_flight.pop(ref)
                     freed_at[job.slot] = time.time()
                     try:
@@ -301,6 +377,22 @@ class StudyRunner:
                     job.beat.stop()
         return report
 
+    def _stop_in_flight(self, pool: WorkerPool, in_flight: dict[ray.ObjectRef, _InFlight], reason: str,
+                        report: RunReport) -> None:
+        """Kill the workers of the trials in flight (each engine dies with its worker), then record each trial:
+        as it ended if it had just finished, else as stopped."""
+        for job in in_flight.values():
+            pool.kill_worker(job.slot)
+        for ref, job in list(in_flight.items()):
+            try:
+                report.trials.append(self._finish(job, ray.get(ref)))
+            except WorkerLost:
+                job.trial.set_user_attr("stop_reason", reason)
+                report.trials.append(self._not_finished(job, "stopped", reason))
+            finally:
+                job.beat.stop()
+                del in_flight[ref]
+
     def _config(self, trial: optuna.Trial) -> tuple[EngineConfig, bool]:
         baseline = bool(trial.user_attrs.get(BASELINE_ATTR))
         return (self.ctx.space.baseline() if baseline else self.ctx.space.suggest(trial)), baseline
@@ -324,7 +416,8 @@ class StudyRunner:
                          stop_rule=BoundaryWatch(self.ctx.boundary, trace.span_s) if self.prune else None)
         # If this driver dies, the heartbeats stop and the next driver re-runs this configuration.
         beat = _Heartbeat(self.storage, trial._trial_id, self.plan.heartbeat_interval_s)
-        return _InFlight(trial, config, baseline, trace, slot, beat), spec
+        started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        return _InFlight(trial, config, baseline, trace, slot, beat, started_at), spec
 
     def _trial_dir(self, number: int) -> Path:
         return self.plan.artifact_dir / "trials" / self.settings.name / f"trial-{number:04d}"
@@ -341,25 +434,33 @@ class StudyRunner:
         return self._conclude(job.trial, job.config, job.baseline, outcome, job.trace)
 
     def _not_measured(self, trial: optuna.Trial, config: EngineConfig, state: str, score: dict,
-                      failure_class: str | None = None, message: str | None = None) -> None:
+                      failure_class: str | None = None, message: str | None = None,
+                      started_at: str | None = None) -> None:
         now = datetime.now(timezone.utc).isoformat(timespec="seconds")
         self.repo.save_trial(StoredTrial(
             study_name=self.settings.name, trial_number=trial.number, attempt=_attempt(self.study, trial),
             state=state, engine_config=config.to_dict(), serve_command=config.serve_command(self.settings.model),
             measurement=None, failure_class=failure_class, failure_message=message, log_excerpt=None,
             estimated_max_model_len=None, exit_code=None, timings={}, hardware=detect_hardware().to_dict(),
-            vllm_version="", started_at=now, finished_at=now, score=score, prune_reason=None), [])
+            vllm_version="", started_at=started_at or now, finished_at=now, score=score, prune_reason=None), [])
 
     def _lost(self, job: _InFlight, exc: Exception) -> TrialSummary:
         """The worker (or its node) died mid-trial: not the configuration's fault, so it is run once more."""
-        trial, message = job.trial, f"the worker running this trial was lost: {exc.__class__.__name__}"
-        trial.set_user_attr("failure_class", "worker_lost")
-        self._not_measured(trial, job.config, "worker_lost", {}, "worker_lost", message)
+        job.trial.set_user_attr("failure_class", "worker_lost")
+        return self._not_finished(job, "worker_lost", f"the worker running this trial was lost: "
+                                                      f"{exc.__class__.__name__}", "worker_lost")
+
+    def _not_finished(self, job: _InFlight, state: str, message: str,
+                      failure_class: str | None = None) -> TrialSummary:
+        """Ended by something other than its configuration (a lost worker, a stopped run): nothing measured,
+        failed for Optuna (no sampler learns from it), and its configuration queued to run once more, first."""
+        trial = job.trial
+        self._not_measured(trial, job.config, state, {}, failure_class, message, started_at=job.started_at)
         self.study.tell(trial, state=TrialState.FAIL)
         if not trial.user_attrs.get(RERUN_ATTR):
             attrs = {RERUN_ATTR: trial.number, **({BASELINE_ATTR: True} if job.baseline else {})}
             self.study.enqueue_trial(dict(trial.params), user_attrs=attrs, skip_if_exists=False)
-        summary = TrialSummary(trial.number, "worker_lost", job.baseline, job.config, failure_class="worker_lost",
+        summary = TrialSummary(trial.number, state, job.baseline, job.config, failure_class=failure_class,
                                reason=message)
         self._emit("trial_done", {"summary": summary})
         return summary
@@ -425,7 +526,7 @@ class StudyRunner:
         return summary
 
 
-def enqueue_config(name: str, plan: StoragePlan, config: EngineConfig) -> None:
+def enqueue_config(name: str, plan: StoragePlan, config: EngineConfig, user_attrs: dict | None = None) -> None:
     """Queue a configuration to be run next, ahead of the sampler (a known good one, or one to check).
 
     Its searched settings become the trial's parameters; settings the space fixes must agree with it."""
@@ -441,7 +542,7 @@ def enqueue_config(name: str, plan: StoragePlan, config: EngineConfig) -> None:
         raise TunerError(f"{unknown[0]} is not searched in space {space.name}: "
                          f"searched are {', '.join(sorted(space.parameters)) or 'none'}")
     load_optuna_study(name, plan).enqueue_trial({k: v for k, v in values.items() if k in space.parameters},
-                                                skip_if_exists=False)
+                                                user_attrs=user_attrs, skip_if_exists=False)
 
 
 # --- reading a study back ------------------------------------------------------------------------------
@@ -492,4 +593,88 @@ def load_optuna_study(name: str, plan: StoragePlan) -> optuna.Study:
     try:
         return optuna.load_study(study_name=name, storage=plan.optuna_storage())
     except KeyError:
-        raise TunerError(f"no study named {name}") from None
+        raise NotFound(f"no study named {name}") from None
+
+
+# --- warm start: a new study begins where an earlier one got to ----------------------------------------
+
+WARM_START_LIMIT = 4  # the best few configurations are carried over, not the whole earlier study
+
+
+def latest_trace(folder: str | Path) -> Path:
+    """The most recently modified file in `folder`, hidden files aside (a tie goes to the later name)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise TunerError(f"{folder} is not a folder")
+    files = [p for p in folder.iterdir() if p.is_file() and not p.name.startswith(".")]
+    if not files:
+        raise TunerError(f"no trace file in {folder}")
+    return max(files, key=lambda p: (p.stat().st_mtime, p.name))
+
+
+@dataclass(frozen=True)
+class WarmStart:
+    source: str  # the earlier study
+    trials: list[int]  # its trials whose configurations were queued, best first
+    configs: list[EngineConfig]
+    skipped: list[str]  # configurations that the new study's space refuses, and why
+
+    def to_dict(self) -> dict:
+        return {"from": self.source, "trials": self.trials, "configs": [c.to_dict() for c in self.configs],
+                "skipped": self.skipped}
+
+
+def previous_study(repo: Repository, settings: StudySettings, plan: StoragePlan) -> StudySettings | None:
+    """The most recent study created before this one on the same model and the same search space that found a
+    configuration meeting its boundary."""
+    same = (settings.model, settings.space_name, settings.space_text)
+    for earlier in reversed(repo.list_studies()):
+        if (earlier.name != settings.name and earlier.created_at <= settings.created_at
+                and (earlier.model, earlier.space_name, earlier.space_text) == same
+                and recommend(repo, earlier, load_optuna_study(earlier.name, plan)) is not None):
+            return earlier
+    return None
+
+
+def best_trials(repo: Repository, settings: StudySettings, optuna_study: optuna.Study) -> list[StoredTrial]:
+    """The feasible trials, the recommendation first and then by completed throughput."""
+    rec = recommend(repo, settings, optuna_study)
+    if rec is None:
+        return []
+    others = [t for t in repo.trials(settings.name) if t.state == "complete" and t.score.get("feasible")
+              and t.trial_number != rec.trial.trial_number]
+    return [rec.trial, *sorted(others, key=lambda t: -t.score["completed_rps"])]
+
+
+def warm_start(name: str, plan: StoragePlan, source: str | None = None) -> WarmStart | None:
+    """Queue the best configurations of an earlier study (`source`, else `previous_study`) to run right after
+    the baseline, ahead of the sampler; None when there is no such study.
+
+    vLLM's default configuration is left out (every study runs it first anyway), and so are repeats."""
+    repo = plan.repository()
+    settings = repo.get_study(name)
+    earlier = repo.get_study(source) if source is not None else previous_study(repo, settings, plan)
+    if earlier is None:
+        return None
+    space = _space_from_text(settings, plan.artifact_dir / "spaces" / name)
+    chosen: list[tuple[int, EngineConfig]] = []
+    skipped: list[str] = []
+    seen: set[tuple] = set()
+    for trial in best_trials(repo, earlier, load_optuna_study(earlier.name, plan)):
+        searched = tuple(sorted((k, v) for k, v in trial.engine_config.items() if k in space.parameters))
+        if not searched or searched in seen:
+            continue
+        seen.add(searched)
+        config = EngineConfig.from_dict(trial.engine_config)
+        origin = {WARM_START_ATTR: f"{earlier.name} trial {trial.trial_number}"}
+        try:
+            enqueue_config(name, plan, config, user_attrs=origin)
+        except TunerError as exc:
+            skipped.append(f"trial {trial.trial_number}: {exc}")
+            continue
+        chosen.append((trial.trial_number, config))
+        if len(chosen) == WARM_START_LIMIT:
+            break
+    warm = WarmStart(earlier.name, [n for n, _ in chosen], [c for _, c in chosen], skipped)
+    load_optuna_study(name, plan).set_user_attr("warm_start", warm.to_dict())
+    return warm

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import csv
 import json
+import signal
 import sys
 import time
 from datetime import datetime, timedelta
@@ -15,7 +15,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from tuner.console import err, out, print_json
-from tuner.describe import boundary_line, hardware_line, recommendation_dict
+from tuner.errors import TunerError
 
 study_app = typer.Typer(help="Studies: a search over engine configurations, measured trial by trial.",
                         no_args_is_help=True)
@@ -26,6 +26,12 @@ StorageOption = Annotated[Optional[str], typer.Option(
 ArtifactsOption = Annotated[Optional[Path], typer.Option(
     "--artifacts", envvar="TUNER_ARTIFACTS", help="Folder of trial artifacts; default: beside the SQLite file.")]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON.")]
+ServerOption = Annotated[Optional[str], typer.Option(
+    "--server", envvar="TUNER_SERVER", help="Ask the tuner service at this URL instead of running here "
+                                            "(paths are then read on the service's machine).")]
+TokenFileOption = Annotated[Optional[Path], typer.Option(
+    "--token-file", help="File holding the service's bearer token; default: $TUNER_API_TOKEN_FILE, else "
+                         "$TUNER_API_TOKEN.")]
 
 
 def _plan(storage: str | None, artifacts: Path | None, **kwargs):
@@ -39,6 +45,12 @@ def study_create(
     name: Annotated[str, typer.Argument(help="A name for the study.")],
     model: Annotated[Optional[Path], typer.Option(help="Model folder; default: the tiny model.")] = None,
     trace: Annotated[Optional[Path], typer.Option(help="Trace file; default: the bundled Azure cut.")] = None,
+    trace_latest: Annotated[Optional[Path], typer.Option(help="Folder of traces: take its most recently modified "
+                                                              "file, and warm-start from the latest study on the "
+                                                              "same model and space with a feasible "
+                                                              "configuration.")] = None,
+    warm_from: Annotated[Optional[str], typer.Option(help="Queue this earlier study's best configurations right "
+                                                          "after the baseline.")] = None,
     space: Annotated[str, typer.Option(help="Search space: a shipped name or a YAML file.")] = "cpu-small",
     boundary: Annotated[str, typer.Option(help="interactive or batch.")] = "interactive",
     limit: Annotated[list[str], typer.Option(help="Override a boundary limit, NAME=VALUE or NAME=none "
@@ -52,25 +64,42 @@ def study_create(
     request_timeout: Annotated[float, typer.Option(help="Seconds one request may take.")] = 600.0,
     startup_timeout: Annotated[float, typer.Option(help="Seconds to wait for a healthy server.")] = 600.0,
     storage: StorageOption = None, artifacts: ArtifactsOption = None, as_json: JsonOption = False,
+    server: ServerOption = None, token_file: TokenFileOption = None,
 ) -> None:
-    """Create a study; its first trial will be vLLM's default configuration (the baseline)."""
-    from tuner.cli import _default_model, _selection
-    from tuner.paths import bundled_trace
-    from tuner.scoring import parse_limits
-    from tuner.study import create_study
+    """Create a study; its first trial will be vLLM's default configuration (the baseline), then any
+    configurations carried over from an earlier study (--warm-from, or --trace-latest)."""
+    from pydantic import ValidationError
 
-    plan = _plan(storage, artifacts)
-    settings = create_study(name, model=model or _default_model(), trace_path=trace or bundled_trace(),
-                            selection=_selection(window, max_requests, rate_scale, fit), space=space,
-                            boundary_name=boundary, limits=parse_limits(limit), plan=plan, sampler=sampler,
-                            seed=seed, request_timeout_s=request_timeout, startup_timeout_s=startup_timeout)
+    from tuner.studies import StudyRequest
+
+    if trace is not None and trace_latest is not None:
+        raise typer.BadParameter("give --trace or --trace-latest, not both")
+    try:
+        request = StudyRequest(name=name, model=str(model) if model else None, trace=str(trace) if trace else None,
+                               trace_latest=str(trace_latest) if trace_latest else None, warm_from=warm_from,
+                               space=space, boundary=boundary, limits=limit, window=window, rate_scale=rate_scale,
+                               max_requests=max_requests, fit=fit, sampler=sampler, seed=seed,
+                               request_timeout_s=request_timeout, startup_timeout_s=startup_timeout)
+    except ValidationError as exc:  # the request's own limits (a name of 1 to 200 characters): bad usage
+        first = exc.errors()[0]
+        raise TunerError(f"{'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+    created = _studies(server, token_file, storage, artifacts).create(request)
+    warm = "warm_start" in created
     if as_json:
-        return print_json(settings.__dict__)
-    from storage.urls import redact_url
-
-    out.print(f"study {name} created in {redact_url(plan.url)}: space {settings.space_name}, "
-              f"boundary {settings.boundary}, trace {Path(settings.trace_path).name}; "
+        return print_json(created)
+    out.print(f"study {name} created in {created['storage']}: space {created['space_name']}, "
+              f"boundary {created['boundary']}, trace {Path(created['trace_path']).name}; "
               f"run it with `tuner study run {name} --trials N`")
+    if warm:
+        if created["warm_start"] is None:
+            out.print("no earlier study on the same model and space to warm-start from")
+        else:
+            source, numbers = created["warm_start"]["from"], created["warm_start"]["trials"]
+            out.print(f"warm start from study {source}: "
+                      + (f"its trials {', '.join(map(str, numbers))} queued after the baseline" if numbers
+                         else "it has no feasible configuration besides vLLM's defaults to carry over"))
+            for why in created["warm_start"]["skipped"]:
+                out.print(f"  not carried over: {why}", highlight=False)
 
 
 def _deadline(timeout: float | None, until: str | None) -> float | None:
@@ -92,54 +121,156 @@ def _deadline(timeout: float | None, until: str | None) -> float | None:
 @study_app.command("run")
 def study_run(
     name: Annotated[str, typer.Argument(help="The study.")],
-    trials: Annotated[int, typer.Option(min=1, help="Trials to run now.")] = 8,
+    trials: Annotated[Optional[int], typer.Option(min=1, help="Trials to run now; default: 8, or with --window "
+                                                              "as many as fit.")] = None,
     parallel: Annotated[Optional[int], typer.Option(min=1, help="Trials in flight at once; default: every free "
                                                                "slot (GPUs / tensor_parallel_size, or 1 CPU slot).")] = None,
     ray_address: Annotated[Optional[str], typer.Option(envvar="RAY_ADDRESS", help="Join this Ray cluster instead "
                                                                                  "of starting a local one.")] = None,
     timeout: Annotated[Optional[float], typer.Option(help="Start no trial that would end after S seconds.")] = None,
     until: Annotated[Optional[str], typer.Option(help="Start no trial that would end after HH:MM.")] = None,
+    window: Annotated[Optional[str], typer.Option(help="Run for at most this long (5h, 30m, 90s): start no trial "
+                                                       "that would end after it, and stop any still running at "
+                                                       "its end.")] = None,
     prune: Annotated[bool, typer.Option(help="Stop a trial once its boundary can no longer be met.")] = True,
     heartbeat: Annotated[int, typer.Option(min=1, help="Seconds between a running trial's heartbeats.")] = 30,
     grace: Annotated[int, typer.Option(min=1, help="Seconds of silence after which a trial counts as "
                                                    "interrupted and is re-run.")] = 90,
     storage: StorageOption = None, artifacts: ArtifactsOption = None, as_json: JsonOption = False,
+    server: ServerOption = None, token_file: TokenFileOption = None,
+    events: Annotated[Optional[Path], typer.Option(hidden=True, help="Append each trial's start and end to this "
+                                                                      "file, one JSON line each (the service "
+                                                                      "follows its runs so).")] = None,
 ) -> None:
     """Run trials of a study on Ray workers: each launches vLLM, replays the trace, and is scored under the
-    boundary."""
-    from tuner.study import StudyRunner
+    boundary. SIGINT or SIGTERM stops the trials in flight and records them as stopped (a second one does not
+    wait for that); the run then exits 130."""
+    stop_at = window_s = None
+    if window is not None:
+        from tuner.study import parse_duration
 
+        if timeout is not None or until is not None:
+            raise typer.BadParameter("give --window, or --timeout or --until, not both")
+        window_s = parse_duration(window)
+        stop_at = time.time() + window_s
     deadline = _deadline(timeout, until)
-    plan = _plan(storage, artifacts, heartbeat_interval_s=heartbeat, grace_period_s=grace)
+    if trials is None and stop_at is None:
+        trials = 8
+    signalled: list[str] = []  # the signal that stopped the run, if one did
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=err, transient=True, disable=as_json) as progress:
         overall = progress.add_task(f"study {name}: starting Ray", total=trials)
         running: dict[int, int] = {}
 
-        def on_event(kind: str, data: dict) -> None:
-            if kind == "pool_ready":
-                progress.update(overall, description=f"study {name} ({data['slots']} slots)")
-            elif kind == "trial_started":
-                what = "baseline (vLLM defaults)" if data["baseline"] else data["config"]
-                running[data["number"]] = progress.add_task(f"  trial {data['number']} on slot {data['slot']}: "
-                                                            f"{what}", total=None)
-            elif kind == "trial_done":
-                summary = data["summary"]
-                if summary.number in running:
-                    progress.remove_task(running.pop(summary.number))
-                progress.advance(overall)
-                if not as_json:
-                    err.print(_summary_line(summary), highlight=False)
+        def started(data: dict) -> None:
+            what = "baseline (vLLM defaults)" if data["baseline"] else data["config"]
+            running[data["number"]] = progress.add_task(f"  trial {data['number']} on slot {data['slot']}: "
+                                                        f"{what}", total=None)
 
-        runner = StudyRunner(name, plan, prune=prune, parallel=parallel, ray_address=ray_address,
-                             on_event=on_event)
-        report = runner.run(trials, deadline)
+        def done(summary: dict) -> None:
+            if summary["number"] in running:
+                progress.remove_task(running.pop(summary["number"]))
+            progress.advance(overall)
+            if not as_json:
+                err.print(_summary_line(summary), highlight=False)
+
+        if server:
+            # The service's clock may differ from ours: it is sent the time left.
+            result = _run_on_service(name, trials, parallel, None if deadline is None else deadline - time.time(),
+                                     window_s, prune, server, token_file, progress, overall, started, done)
+        else:
+            result = _run_here(name, trials, parallel, ray_address, deadline, stop_at, prune, heartbeat, grace,
+                               storage, artifacts, events, signalled, progress, overall, started, done)
     if as_json:
-        return print_json({"trials": [_summary_dict(s) for s in report.trials],
-                            "stopped_early": report.stopped_early})
-    if report.stopped_early:
-        out.print(f"stopped after {len(report.trials)} trials: {report.stopped_early}")
-    out.print(f"see `tuner study best {name}`")
+        print_json(result)
+    else:
+        if result["stopped_early"]:
+            out.print(f"stopped after {len(result['trials'])} trials: {result['stopped_early']}")
+        out.print(f"see `tuner study best {name}`")
+    if signalled:
+        raise typer.Exit(130)
+
+
+def _stop_on_signals(runner, signalled: list[str]) -> dict:
+    """From now on the first SIGINT or SIGTERM stops the run's trials and records them as stopped (its name is
+    appended to `signalled`); a second one interrupts at once (every engine still dies with its worker).
+    Returns the handlers it replaced."""
+
+    def stop(signum, frame) -> None:
+        if signalled:
+            raise KeyboardInterrupt
+        signalled.append(signal.Signals(signum).name)
+        runner.stop(f"the run was stopped ({signalled[0]})")
+
+    return {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+
+def _run_here(name, trials, parallel, ray_address, deadline, stop_at, prune, heartbeat, grace, storage, artifacts,
+              events, signalled, progress, overall, started, done) -> dict:
+    from tuner.study import StudyRunner
+
+    plan = _plan(storage, artifacts, heartbeat_interval_s=heartbeat, grace_period_s=grace)
+    log = open(events, "a", buffering=1) if events else None
+
+    def record(kind: str, data: dict) -> None:
+        if log is not None:
+            log.write(json.dumps({"kind": kind, **data}) + "\n")
+
+    replaced: dict = {}
+
+    def on_event(kind: str, data: dict) -> None:
+        if kind == "pool_ready":
+            # Only now: until the pool is up no trial is in flight, and ray.init replaces the SIGTERM handler.
+            replaced.update(_stop_on_signals(runner, signalled))
+            progress.update(overall, description=f"study {name} ({data['slots']} slots)")
+        elif kind == "trial_started":
+            record(kind, {k: data[k] for k in ("number", "baseline", "config", "slot", "at")})
+            started(data)
+        elif kind == "trial_done":
+            summary = _summary_dict(data["summary"])
+            record(kind, {"summary": summary})
+            done(summary)
+
+    runner = StudyRunner(name, plan, prune=prune, parallel=parallel, ray_address=ray_address, on_event=on_event)
+    try:
+        report = runner.run(trials, deadline, stop_at=stop_at)
+    finally:
+        for sig, handler in replaced.items():
+            signal.signal(sig, handler)
+        if log is not None:
+            log.close()
+    return {"trials": [_summary_dict(s) for s in report.trials], "stopped_early": report.stopped_early}
+
+
+def _run_on_service(name, trials, parallel, timeout_s, window_s, prune, server, token_file, progress, overall,
+                    started, done) -> dict:
+    """Start the run on the service and follow it; Ctrl-C here stops it there."""
+    from tuner.service_client import remote_studies
+
+    studies = remote_studies(server, token_file)
+    run = studies.start_run(name, trials, parallel, timeout_s, window_s, prune)
+    progress.update(overall, description=f"study {name} on {server} (run {run['id']})")
+    shown_started: set[int] = set()
+    shown_done = 0
+    try:
+        while True:
+            for data in run["in_flight"]:
+                if data["number"] not in shown_started:
+                    shown_started.add(data["number"])
+                    started(data)
+            for summary in run["finished"][shown_done:]:
+                done(summary)
+            shown_done = len(run["finished"])
+            if run["state"] != "running":
+                break
+            time.sleep(1.0)
+            run = studies.run(run["id"])
+    except KeyboardInterrupt:
+        studies.stop_run(run["id"])
+        raise
+    if run["state"] == "failed" or run["result"] is None:
+        raise TunerError(f"the run failed on the service: {run['error'] or run['state']}")
+    return run["result"]
 
 
 def _summary_dict(s) -> dict:
@@ -147,50 +278,46 @@ def _summary_dict(s) -> dict:
             "score": s.score.to_dict() if s.score else None, "failure_class": s.failure_class, "reason": s.reason}
 
 
-def _summary_line(s) -> str:
-    head = f"trial {s.number}{' (baseline)' if s.baseline else ''}: {s.state}"
-    if s.score is not None:
-        head += (f", {s.score.completed_rps:.3f} req/s, p95 e2e {s.score.e2e_p95_s:.2f} s, "
-                 f"{'feasible' if s.score.feasible else 'infeasible: ' + '; '.join(s.score.violations)}")
-    elif s.failure_class:
-        head += f" [{s.failure_class}] {s.reason}"
-    elif s.reason:
-        head += f": {s.reason}"
+def _summary_line(s: dict) -> str:
+    """One line per finished trial, from its summary (as `_summary_dict` gives it)."""
+    head = f"trial {s['number']}{' (baseline)' if s['baseline'] else ''}: {s['state']}"
+    score = s["score"]
+    if score is not None:
+        head += (f", {score['completed_rps']:.3f} req/s, p95 e2e {score['e2e_p95_s']:.2f} s, "
+                 f"{'feasible' if score['feasible'] else 'infeasible: ' + '; '.join(score['violations'])}")
+    elif s["failure_class"]:
+        head += f" [{s['failure_class']}] {s['reason']}"
+    elif s["reason"]:
+        head += f": {s['reason']}"
     return head
 
 
-def _open(name: str, storage: str | None, artifacts: Path | None):
-    plan = _plan(storage, artifacts)
-    from tuner.study import load_optuna_study
+def _studies(server: str | None, token_file: Path | None, storage: str | None, artifacts: Path | None):
+    """The study answers: asked of the service at `server`, or read from the storage here."""
+    if server:
+        from tuner.service_client import remote_studies
 
-    repo = plan.repository()
-    return plan, repo, repo.get_study(name), load_optuna_study(name, plan)
+        return remote_studies(server, token_file)
+    from tuner.studies import LocalStudies
+
+    return LocalStudies(_plan(storage, artifacts))
 
 
 @study_app.command("enqueue")
 def study_enqueue(name: Annotated[str, typer.Argument(help="The study.")],
                   set_: Annotated[list[str], typer.Option("--set", help="Engine setting NAME=VALUE (repeatable).")],
-                  storage: StorageOption = None, artifacts: ArtifactsOption = None) -> None:
+                  storage: StorageOption = None, artifacts: ArtifactsOption = None, server: ServerOption = None,
+                  token_file: TokenFileOption = None) -> None:
     """Queue a configuration to run next, ahead of the sampler."""
-    from tuner.study import enqueue_config
-    from workers.engine_config import EngineConfig
-
-    config = EngineConfig.from_assignments(set_)
-    enqueue_config(name, _plan(storage, artifacts), config)
-    out.print(f"enqueued in study {name}: {config.to_dict()}")
+    done = _studies(server, token_file, storage, artifacts).enqueue(name, set_)
+    out.print(f"enqueued in study {name}: {done['engine_config']}")
 
 
 @study_app.command("list")
-def study_list(storage: StorageOption = None, artifacts: ArtifactsOption = None, as_json: JsonOption = False) -> None:
+def study_list(storage: StorageOption = None, artifacts: ArtifactsOption = None, as_json: JsonOption = False,
+               server: ServerOption = None, token_file: TokenFileOption = None) -> None:
     """Every study in the storage."""
-    plan = _plan(storage, artifacts)
-    repo = plan.repository()
-    rows = []
-    for s in repo.list_studies():
-        trials = repo.trials(s.name)
-        rows.append({"name": s.name, "created_at": s.created_at, "boundary": s.boundary, "space": s.space_name,
-                     "trace": Path(s.trace_path).name, "trials": len(trials),
-                     "feasible": sum(t.state == "complete" and bool(t.score.get("feasible")) for t in trials)})
+    rows = _studies(server, token_file, storage, artifacts).list()
     if as_json:
         return print_json(rows)
     table = Table("name", "created", "boundary", "space", "trace", "trials", "feasible")
@@ -202,73 +329,60 @@ def study_list(storage: StorageOption = None, artifacts: ArtifactsOption = None,
 
 @study_app.command("status")
 def study_status(name: Annotated[str, typer.Argument(help="The study.")], storage: StorageOption = None,
-                 artifacts: ArtifactsOption = None, as_json: JsonOption = False) -> None:
+                 artifacts: ArtifactsOption = None, as_json: JsonOption = False, server: ServerOption = None,
+                 token_file: TokenFileOption = None) -> None:
     """Trials by state, the trial in flight, and the best so far."""
-    from optuna.trial import TrialState
-
-    from tuner.study import recommend
-
-    plan, repo, settings, study = _open(name, storage, artifacts)
-    stored = repo.trials(name)
-    states: dict[str, int] = {}
-    for t in stored:
-        states[t.state] = states.get(t.state, 0) + 1
-    running = [t.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))]
-    waiting = [t.number for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,))]
-    rec = recommend(repo, settings, study)
-    data = {"name": name, "boundary": settings.boundary, "trials": len(stored), "by_state": states,
-            "running": running, "waiting": waiting,
-            "best": {"trial": rec.trial.trial_number, **rec.trial.score} if rec else None}
+    data = _studies(server, token_file, storage, artifacts).status(name)
     if as_json:
         return print_json(data)
-    table = Table(title=f"study {name} ({settings.boundary})", show_header=False)
-    table.add_row("trials", str(len(stored)))
-    for state, count in sorted(states.items()):
+    best = data["best"]
+    table = Table(title=f"study {name} ({data['boundary']})", show_header=False)
+    table.add_row("trials", str(data["trials"]))
+    for state, count in sorted(data["by_state"].items()):
         table.add_row(f"  {state}", str(count))
-    table.add_row("in flight", ", ".join(map(str, running)) or "-")
-    table.add_row("waiting (enqueued)", ", ".join(map(str, waiting)) or "-")
-    table.add_row("best so far", f"trial {rec.trial.trial_number}: {rec.trial.score['completed_rps']:.3f} req/s, "
-                                 f"p95 e2e {rec.trial.score['e2e_p95_s']:.2f} s" if rec else "none feasible yet")
+    table.add_row("in flight", ", ".join(map(str, data["running"])) or "-")
+    table.add_row("waiting (enqueued)", ", ".join(map(str, data["waiting"])) or "-")
+    table.add_row("best so far", f"trial {best['trial']}: {best['completed_rps']:.3f} req/s, "
+                                 f"p95 e2e {best['e2e_p95_s']:.2f} s" if best else "none feasible yet")
     out.print(table)
 
 
 @study_app.command("best")
 def study_best(name: Annotated[str, typer.Argument(help="The study.")], storage: StorageOption = None,
-               artifacts: ArtifactsOption = None, as_json: JsonOption = False) -> None:
+               artifacts: ArtifactsOption = None, as_json: JsonOption = False, server: ServerOption = None,
+               token_file: TokenFileOption = None) -> None:
     """The recommended `vllm serve` command, its boundary, the hardware it was measured on, and the gain over
     vLLM's default configuration."""
-    from tuner.study import recommend
+    from tuner.studies import NoRecommendation
 
-    plan, repo, settings, study = _open(name, storage, artifacts)
-    rec = recommend(repo, settings, study)
-    if rec is None:
+    try:
+        rec = _studies(server, token_file, storage, artifacts).best(name)
+    except NoRecommendation as exc:
         if as_json:
             print_json(None)
         else:
-            err.print(f"study {name}: no trial met the {settings.boundary} boundary yet")
-        raise typer.Exit(1)
-    data = recommendation_dict(rec, settings)
+            err.print(str(exc), highlight=False)
+        raise typer.Exit(1) from None
     if as_json:
-        return print_json(data)
-    t, m = rec.trial, rec.trial.measurement or {}
-    out.print(f"Recommended for the {boundary_line(rec.boundary)} boundary (trial {t.trial_number}):")
-    out.print(f"  {t.serve_command}", highlight=False, soft_wrap=True)
-    out.print(f"measured on {hardware_line(t.hardware)}, vLLM {t.vllm_version}, trace "
-              f"{Path(settings.trace_path).name} (sha256 {settings.trace_sha256[:12]}, {m.get('requests')} requests)")
-    out.print(f"completed {m.get('completed')}/{m.get('requests')} at {t.score['completed_rps']:.3f} req/s, "
-              f"{t.score['output_tps']:.1f} output tok/s, p95 TTFT {(m.get('ttft_s') or {}).get('p95') or 0:.3f} s, "
-              f"p95 e2e {t.score['e2e_p95_s']:.3f} s, {m.get('preemptions')} preemptions")
-    base = rec.baseline
+        return print_json(rec)
+    m, score, trace = rec["measurement"], rec["score"], rec["trace"]
+    out.print(f"Recommended for the {rec['boundary_text']} boundary (trial {rec['trial']}):")
+    out.print(f"  {rec['serve_command']}", highlight=False, soft_wrap=True, markup=False)
+    out.print(f"measured on {rec['measured_on']}, vLLM {rec['vllm_version']}, trace {Path(trace['path']).name} "
+              f"(sha256 {trace['sha256'][:12]}, {m.get('requests')} requests)")
+    out.print(f"completed {m.get('completed')}/{m.get('requests')} at {score['completed_rps']:.3f} req/s, "
+              f"{score['output_tps']:.1f} output tok/s, p95 TTFT {(m.get('ttft_s') or {}).get('p95') or 0:.3f} s, "
+              f"p95 e2e {score['e2e_p95_s']:.3f} s, {m.get('preemptions')} preemptions")
+    base, gain = rec["baseline"], rec["gain"]
     if base is None:
         out.print("vLLM's default configuration was not run in this study")
-    elif rec.gain is None:
-        why = base.failure_class or ("infeasible" if base.state == "complete" else base.state)
-        out.print(f"vLLM's default configuration (trial {base.trial_number}) gave no score to compare: {why}")
+    elif gain is None:
+        why = base["failure_class"] or ("infeasible" if base["state"] == "complete" else base["state"])
+        out.print(f"vLLM's default configuration (trial {base['trial']}) gave no score to compare: {why}")
     else:
-        g = rec.gain
-        out.print(f"against vLLM's default configuration (trial {base.trial_number}): completed throughput "
-                  f"x{g['completed_rps_ratio']:.2f}, p95 e2e x{g['e2e_p95_ratio']:.2f}"
-                  f"{'' if base.score.get('feasible') else ' (the default broke the boundary)'}")
+        out.print(f"against vLLM's default configuration (trial {base['trial']}): completed throughput "
+                  f"x{gain['completed_rps_ratio']:.2f}, p95 e2e x{gain['e2e_p95_ratio']:.2f}"
+                  f"{'' if base['score'].get('feasible') else ' (the default broke the boundary)'}")
 
 
 @study_app.command("export")
@@ -276,45 +390,14 @@ def study_export(name: Annotated[str, typer.Argument(help="The study.")],
                  out_file: Annotated[Optional[Path], typer.Option("--out", help="File to write; default: stdout.")] = None,
                  format: Annotated[str, typer.Option("--format", help="json or csv.")] = "json",
                  requests: Annotated[bool, typer.Option(help="Include every request row (json only).")] = False,
-                 storage: StorageOption = None, artifacts: ArtifactsOption = None) -> None:
+                 storage: StorageOption = None, artifacts: ArtifactsOption = None, server: ServerOption = None,
+                 token_file: TokenFileOption = None) -> None:
     """Every trial with its configuration, measurement, failure and score."""
-    if format not in ("json", "csv"):
+    from tuner.studies import EXPORT_FORMATS
+
+    if format not in EXPORT_FORMATS:
         raise typer.BadParameter(f"--format must be json or csv, got {format!r}")
-    plan, repo, settings, study = _open(name, storage, artifacts)
-    trials = repo.trials(name)
-    pareto = {t.number for t in study.best_trials}
-    if format == "json":
-        rows = []
-        for t in trials:
-            row = {**{k: v for k, v in t.__dict__.items() if k != "id"}, "pareto": t.trial_number in pareto}
-            if requests:
-                row["requests"] = [r.__dict__ for r in repo.requests(name, t.trial_number)]
-            rows.append(row)
-        from tuner.study import recommend
-
-        rec = recommend(repo, settings, study)
-        text = json.dumps({"study": settings.__dict__,
-                           "recommendation": recommendation_dict(rec, settings) if rec else None,
-                           "trials": rows}, indent=2, default=str) + "\n"
-    else:
-        import io
-
-        buffer = io.StringIO()
-        fields = ["trial_number", "attempt", "state", "pareto", "failure_class", "completed", "requests",
-                  "completed_rps", "output_tps", "ttft_p95_s", "e2e_p95_s", "preemptions", "feasible",
-                  "serve_command"]
-        writer = csv.DictWriter(buffer, fieldnames=fields)
-        writer.writeheader()
-        for t in trials:
-            m = t.measurement or {}
-            writer.writerow({"trial_number": t.trial_number, "attempt": t.attempt, "state": t.state,
-                             "pareto": t.trial_number in pareto, "failure_class": t.failure_class,
-                             "completed": m.get("completed"), "requests": m.get("requests"),
-                             "completed_rps": m.get("completed_rps"), "output_tps": m.get("output_tps"),
-                             "ttft_p95_s": (m.get("ttft_s") or {}).get("p95"),
-                             "e2e_p95_s": (m.get("e2e_s") or {}).get("p95"), "preemptions": m.get("preemptions"),
-                             "feasible": t.score.get("feasible"), "serve_command": t.serve_command})
-        text = buffer.getvalue()
+    text = _studies(server, token_file, storage, artifacts).export(name, format, requests)
     if out_file is None:
         sys.stdout.write(text)
     else:

@@ -1,0 +1,414 @@
+"""Schedules: a study resumed at set times for a set window (say every night at 01:00 for five hours), each run
+ending with a morning summary.
+
+The schedules live in the study database, in APScheduler's SQLAlchemy job store (table `tuner_schedules`), so
+they outlive the process that runs them; each run and its summary is a row of `tuner_schedule_runs` beside it.
+One process hosts them (`tuner serve`, or `tuner schedule host`): it runs each schedule when due, one run at a
+time, as a `tuner study run` subprocess, which keeps Ray and the engines out of the host. Any process may add,
+list, remove or make a schedule due (the command line does, while the host runs): the host looks at the store
+every few seconds, since APScheduler 3 only notices its own changes.
+
+A run never goes past the end of the window it falls in: it starts no trial that cannot finish inside it
+(judged by the study's median trial time) and stops any trial still running at its end. A run that starts
+late (the host was down at the time, or another run held the machine) keeps only what is left of its window.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import signal
+import subprocess
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from datetime import datetime, timedelta
+
+from apscheduler.executors.pool import ThreadPoolExecutor
+from apscheduler.job import Job
+from apscheduler.jobstores.base import ConflictingIdError, JobLookupError
+from apscheduler.jobstores.sqlalchemy import SQLAlchemyJobStore
+from apscheduler.schedulers.background import BackgroundScheduler
+from apscheduler.schedulers.base import STATE_STOPPED
+from apscheduler.triggers.cron import CronTrigger
+from sqlalchemy import JSON, Column, Integer, MetaData, String, Table, insert, select, update
+
+from storage.schema import SCHEDULE_JOBS_TABLE, SCHEDULE_RUNS_TABLE
+from tuner.errors import NotFound, TunerError
+from tuner.runs import run_env, study_run_argv
+from tuner.study import StoragePlan, load_optuna_study, recommend
+from workers.process_group import die_with_parent
+
+POLL_S = 5.0  # how often the host looks for schedules that other processes added or made due
+# A run's `tuner study run` stops its own trials at the window's end; past this grace it is sent SIGTERM, and
+# this long after a SIGTERM (the host shutting down, or an overrun) it is killed.
+STOP_GRACE_S = 60.0
+RUN_STATES = ("running", "finished", "failed", "stopped", "interrupted")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,190}")  # APScheduler's job ids are at most 191 characters
+_NUMBERED_WEEKDAY = re.compile(r"(?<![/\d])\d")  # a weekday number, not a step such as */2
+
+_logger = logging.getLogger(__name__)
+
+_runs_metadata = MetaData()
+RUNS = Table(
+    SCHEDULE_RUNS_TABLE, _runs_metadata,
+    Column("id", Integer, primary_key=True),
+    Column("schedule", String(191), nullable=False, index=True),
+    Column("study", String(512), nullable=False),
+    Column("state", String(32), nullable=False),
+    Column("due_at", String(64), nullable=False),
+    Column("started_at", String(64), nullable=False),
+    Column("window_end", String(64), nullable=False),
+    Column("finished_at", String(64)),
+    Column("summary", JSON, nullable=False),  # trials, best, previous_best, stopped_early, error
+)
+
+
+def cron_trigger(cron: str, timezone) -> CronTrigger:
+    """APScheduler's trigger for a five-field crontab line, or a one-line TunerError."""
+    fields = cron.split()
+    # APScheduler 3 numbers weekdays from Monday = 0, cron from Sunday = 0: a number would fire on another day.
+    if len(fields) == 5 and _NUMBERED_WEEKDAY.search(fields[4]):
+        raise TunerError(f"cron {cron!r}: write the day of the week by name (sun, mon-fri, ...), not by number")
+    try:
+        return CronTrigger.from_crontab(cron, timezone=timezone)
+    except ValueError as exc:
+        raise TunerError(f"not a cron expression (minute hour day month weekday): {cron!r}: {exc}") from None
+
+
+def due_time(trigger: CronTrigger, window_s: float, now: datetime) -> datetime:
+    """When a run starting now was due: the schedule's latest fire time within the past window, else now (a
+    run asked for outside any window gets a whole one)."""
+    due = None
+    fire = trigger.get_next_fire_time(None, now - timedelta(seconds=window_s))
+    while fire is not None and fire <= now:
+        due = fire
+        fire = trigger.get_next_fire_time(fire, fire + timedelta(seconds=1))
+    return due or now
+
+
+@dataclass(frozen=True)
+class ScheduleRun:
+    """One run of a schedule and what it left: the morning summary."""
+
+    id: int
+    schedule: str
+    study: str
+    state: str  # one of RUN_STATES
+    due_at: str  # ISO 8601 with the host's offset
+    started_at: str
+    window_end: str
+    finished_at: str | None
+    trials: list[dict]  # each trial recorded during the run: number, state, failure_class, scores, reason
+    best: dict | None  # the study's recommendation when the run ended: trial, completed_rps, e2e_p95_s, command
+    previous_best: dict | None  # the same when the run began
+    stopped_early: str | None  # why the run ended before its trial cap (the window, a stop)
+    error: str | None  # why the run could not go on, when it could not
+
+    @property
+    def by_state(self) -> dict[str, int]:
+        return dict(Counter(t["state"] for t in self.trials))
+
+    @property
+    def failures(self) -> dict[str, int]:
+        return dict(Counter(t["failure_class"] for t in self.trials if t["failure_class"]))
+
+    @property
+    def new_best(self) -> bool:
+        return self.best is not None and (self.previous_best is None
+                                          or self.best["trial"] != self.previous_best["trial"])
+
+    def lines(self) -> list[str]:
+        """The morning summary in words: what ran, what failed, the best so far and whether it is new."""
+        lines = [f"{self.schedule} (study {self.study}): {self.state}, started {self.started_at}, "
+                 f"window until {self.window_end}" + (f", ended {self.finished_at}" if self.finished_at else "")]
+        if self.state == "running":
+            return lines
+        counts = ", ".join(f"{n} {state}" for state, n in sorted(self.by_state.items()))
+        lines.append(f"{len(self.trials)} trial{'' if len(self.trials) == 1 else 's'}"
+                     + (f": {counts}" if counts else ""))
+        if self.failures:
+            lines.append("failures: " + ", ".join(f"{cls} x{n}" for cls, n in sorted(self.failures.items())))
+        if self.best is None:
+            lines.append("no configuration has met the boundary yet")
+        elif self.new_best:
+            was = (f" (was trial {self.previous_best['trial']}: {_best_text(self.previous_best)})"
+                   if self.previous_best else " (the first)")
+            lines.append(f"new best: trial {self.best['trial']}: {_best_text(self.best)}{was}")
+        else:
+            lines.append(f"best unchanged: trial {self.best['trial']}: {_best_text(self.best)}")
+        if self.stopped_early:
+            lines.append(f"stopped early: {self.stopped_early}")
+        if self.error:
+            lines.append(f"error: {self.error}")
+        return lines
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "by_state": self.by_state, "failures": self.failures, "new_best": self.new_best}
+
+
+def _best_text(best: dict) -> str:
+    return f"{best['completed_rps']:.3f} req/s, p95 e2e {best['e2e_p95_s']:.2f} s"
+
+
+@dataclass(frozen=True)
+class Schedule:
+    name: str
+    study: str
+    cron: str  # as given: minute hour day month weekday, in the host's local time
+    window_s: float
+    trials: int | None  # at most this many trials a run; None: as many as the window allows
+    next_run: datetime | None  # None: the cron can never fire again
+    last_run: ScheduleRun | None
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "study": self.study, "cron": self.cron, "window_s": self.window_s,
+                "trials": self.trials, "next_run": self.next_run.isoformat() if self.next_run else None,
+                "last_run": self.last_run.to_dict() if self.last_run else None}
+
+
+def _run_from_row(row) -> ScheduleRun:
+    summary = row.summary
+    return ScheduleRun(row.id, row.schedule, row.study, row.state, row.due_at, row.started_at, row.window_end,
+                       row.finished_at, summary.get("trials", []), summary.get("best"),
+                       summary.get("previous_best"), summary.get("stopped_early"), summary.get("error"))
+
+
+def _trial_dict(t) -> dict:
+    reason = t.failure_message or t.prune_reason or "; ".join(t.score.get("violations") or []) or None
+    return {"number": t.trial_number, "state": t.state, "failure_class": t.failure_class,
+            "completed_rps": t.score.get("completed_rps"), "e2e_p95_s": t.score.get("e2e_p95_s"),
+            "feasible": t.score.get("feasible"), "reason": reason}
+
+
+class _Scheduler(BackgroundScheduler):
+    def _process_jobs(self):
+        # APScheduler 3 looks at the job store once more after shutdown, even when it was only paused, and would
+        # move on (so lose) a run due right then: such a run must stay due for the host.
+        return None if self.state == STATE_STOPPED else super()._process_jobs()
+
+
+# The book hosting the schedules in this process: the job store keeps a function by reference and plain
+# arguments, never the database URL (which may hold a password), so the job finds its book here.
+_host: ScheduleBook | None = None
+
+
+def run_schedule(name: str, study: str, cron: str, window_s: float, trials: int | None) -> None:
+    """What the job store keeps for every schedule: one run, in the process that hosts the schedules."""
+    if _host is None:
+        raise RuntimeError(f"schedule {name} is due but no ScheduleBook hosts schedules in this process")
+    _host._run(name, study, cron, window_s, trials)
+
+
+class ScheduleBook:
+    """The schedules of one study database. Opened as is, it reads and changes them; `start()` hosts them
+    (runs each when due) until `shutdown()`. One process per database should host them."""
+
+    def __init__(self, plan: StoragePlan, *, on_event: Callable[[str, dict], None] | None = None,
+                 poll_s: float = POLL_S):
+        self.plan = plan
+        self.repo = plan.repository()  # tuner's tables migrated, or a clear error if the database is unreachable
+        RUNS.create(self.repo.engine, checkfirst=True)
+        self.poll_s = poll_s
+        self._emit = on_event or (lambda kind, data: None)
+        self._stopping = threading.Event()
+        # The Repository's engine: on SQLite it waits for other writers instead of failing.
+        self._scheduler = _Scheduler(
+            jobstores={"default": SQLAlchemyJobStore(engine=self.repo.engine, tablename=SCHEDULE_JOBS_TABLE)},
+            # One run at a time: two would share (and fight over) the same GPUs or cores.
+            executors={"default": ThreadPoolExecutor(1)},
+            job_defaults={"coalesce": True, "max_instances": 1})
+
+    # Hosting
+
+    def start(self) -> None:
+        """Run the schedules when due, from now until shutdown(). Runs found unfinished were cut short by a host
+        that died: they are marked interrupted."""
+        global _host
+        if _host is not None and _host is not self:
+            raise TunerError("this process hosts schedules already")
+        _host = self
+        self._mark_interrupted()
+        if self._scheduler.state == STATE_STOPPED:
+            self._scheduler.start()
+        else:
+            self._scheduler.resume()
+        threading.Thread(target=self._poll, name="tuner-schedules-poll", daemon=True).start()
+
+    def _poll(self) -> None:
+        while not self._stopping.wait(self.poll_s):
+            self._scheduler.wakeup()
+
+    def shutdown(self) -> None:
+        """Stop: a run in progress is stopped (its trials in flight recorded as stopped) and its summary written
+        before this returns. Also closes a book that was only opened to read or change schedules."""
+        global _host
+        self._stopping.set()
+        if self._scheduler.state != STATE_STOPPED:
+            self._scheduler.shutdown(wait=True)
+        if _host is self:
+            _host = None
+
+    def __enter__(self) -> ScheduleBook:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+
+    def _open(self) -> BackgroundScheduler:
+        """The scheduler, started paused if it is not hosting: its job store is then read and written directly."""
+        if self._scheduler.state == STATE_STOPPED:
+            self._scheduler.start(paused=True)
+        return self._scheduler
+
+    # Schedules
+
+    def add(self, name: str, *, study: str, cron: str, window_s: float, trials: int | None = None) -> Schedule:
+        """A new schedule: `cron` (minute hour day month weekday, local time) starts a run of `study` lasting at
+        most `window_s` seconds and `trials` trials."""
+        if not _NAME.fullmatch(name):
+            raise TunerError(f"a schedule name is 1 to 191 letters, digits, '.', '_' or '-', starting with a "
+                             f"letter or digit; got {name!r}")
+        if window_s <= 0:
+            raise TunerError(f"a window must be more than 0 s, got {window_s:g}")
+        if trials is not None and trials < 1:
+            raise TunerError(f"a run needs at least 1 trial, got {trials}")
+        scheduler = self._open()
+        trigger = cron_trigger(cron, scheduler.timezone)
+        self.repo.get_study(study)
+        try:
+            # A run that could not start on time (the host was down) still starts while its window lasts.
+            scheduler.add_job(run_schedule, trigger, id=name, name=name, misfire_grace_time=max(1, int(window_s)),
+                              kwargs={"name": name, "study": study, "cron": cron, "window_s": window_s,
+                                      "trials": trials})
+        except ConflictingIdError:
+            raise TunerError(f"schedule {name} already exists") from None
+        return self.get(name)
+
+    def get(self, name: str) -> Schedule:
+        job = self._open().get_job(name)
+        if job is None:
+            raise NotFound(f"no schedule named {name}")
+        return self._schedule(job)
+
+    def list(self) -> list[Schedule]:
+        return sorted((self._schedule(job) for job in self._open().get_jobs()), key=lambda s: s.name)
+
+    def remove(self, name: str) -> None:
+        """Remove the schedule (its runs' summaries are kept)."""
+        try:
+            self._open().remove_job(name)
+        except JobLookupError:
+            raise NotFound(f"no schedule named {name}") from None
+
+    def run_now(self, name: str) -> Schedule:
+        """Make the schedule due now: the host starts its run at once (within poll_s when it is another process),
+        and the regular times stay as they were."""
+        scheduler = self._open()
+        try:
+            scheduler.modify_job(name, next_run_time=datetime.now(scheduler.timezone))
+        except JobLookupError:
+            raise NotFound(f"no schedule named {name}") from None
+        return self.get(name)
+
+    def runs(self, name: str, limit: int | None = None) -> list[ScheduleRun]:
+        """The schedule's runs, the latest first (also those of a schedule since removed)."""
+        query = select(RUNS).where(RUNS.c.schedule == name).order_by(RUNS.c.id.desc()).limit(limit)
+        with self.repo.engine.begin() as conn:
+            return [_run_from_row(row) for row in conn.execute(query)]
+
+    def _schedule(self, job: Job) -> Schedule:
+        args = job.kwargs
+        last = self.runs(job.id, 1)
+        return Schedule(job.id, args["study"], args["cron"], args["window_s"], args["trials"], job.next_run_time,
+                        last[0] if last else None)
+
+    # Runs
+
+    def _now(self) -> datetime:
+        return datetime.now(self._scheduler.timezone)
+
+    def _mark_interrupted(self) -> None:
+        with self.repo.engine.begin() as conn:
+            conn.execute(update(RUNS).where(RUNS.c.state == "running")
+                         .values(state="interrupted", finished_at=self._now().isoformat(timespec="seconds")))
+
+    def _standing(self, study: str) -> tuple[set[int], dict | None]:
+        """The study's recorded trial numbers and its recommendation, as they stand."""
+        settings = self.repo.get_study(study)
+        numbers = {t.trial_number for t in self.repo.trials(study)}
+        rec = recommend(self.repo, settings, load_optuna_study(study, self.plan))
+        if rec is None:
+            return numbers, None
+        score = rec.trial.score
+        return numbers, {"trial": rec.trial.trial_number, "completed_rps": score["completed_rps"],
+                         "e2e_p95_s": score["e2e_p95_s"], "serve_command": rec.trial.serve_command}
+
+    def _run(self, name: str, study: str, cron: str, window_s: float, trials: int | None) -> None:
+        started = self._now()
+        due = due_time(cron_trigger(cron, self._scheduler.timezone), window_s, started)
+        window_end = due + timedelta(seconds=window_s)
+        before, previous_best = self._standing(study)
+        summary = {"trials": [], "best": None, "previous_best": previous_best, "stopped_early": None, "error": None}
+        with self.repo.engine.begin() as conn:
+            run_id = conn.execute(insert(RUNS).values(
+                schedule=name, study=study, state="running", due_at=due.isoformat(timespec="seconds"),
+                started_at=started.isoformat(timespec="seconds"),
+                window_end=window_end.isoformat(timespec="seconds"), summary=summary)).inserted_primary_key[0]
+        self._emit("run_started", {"schedule": name, "study": study, "window_end": window_end})
+        state = "failed"
+        try:
+            state, summary["stopped_early"], summary["error"] = self._study_run(study, trials, window_end)
+        except Exception as exc:
+            summary["error"] = f"{exc.__class__.__name__}: {exc}"
+            raise
+        finally:
+            summary["best"] = self._standing(study)[1]
+            summary["trials"] = [_trial_dict(t) for t in self.repo.trials(study) if t.trial_number not in before]
+            with self.repo.engine.begin() as conn:
+                conn.execute(update(RUNS).where(RUNS.c.id == run_id).values(
+                    state=state, finished_at=self._now().isoformat(timespec="seconds"), summary=summary))
+                run = _run_from_row(conn.execute(select(RUNS).where(RUNS.c.id == run_id)).one())
+            self._emit("run_finished", {"run": run})
+
+    def _study_run(self, study: str, trials: int | None, window_end: datetime) -> tuple[str, str | None, str | None]:
+        """`tuner study run` for what is left of the window; (run state, why it stopped early, error)."""
+        left_s = (window_end - self._now()).total_seconds()
+        if left_s <= 0:
+            return "finished", "the window had ended before the run could start", None
+        argv = study_run_argv(study, trials=trials, window_s=round(left_s, 3))
+        env = run_env(self.plan)
+        # The run dies with this thread (SIGTERM: it stops its trials and records them), even if the host is killed.
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                                stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)
+        stopped_why = None
+        signalled_at = 0.0
+        while True:
+            try:
+                stdout, stderr = proc.communicate(timeout=1.0)
+                break
+            except subprocess.TimeoutExpired:
+                now = time.time()
+                if stopped_why is None and (self._stopping.is_set()
+                                            or now > window_end.timestamp() + STOP_GRACE_S):
+                    stopped_why = ("the host shut down" if self._stopping.is_set()
+                                   else "it was still running well past its window's end")
+                    proc.send_signal(signal.SIGTERM)
+                    signalled_at = now
+                elif stopped_why is not None and now > signalled_at + STOP_GRACE_S:
+                    proc.kill()
+        try:
+            stopped_early = json.loads(stdout)["stopped_early"]
+        except (json.JSONDecodeError, KeyError, TypeError):
+            stopped_early = None
+        if stopped_why is not None:
+            return "stopped", stopped_early, f"the run was stopped: {stopped_why}"
+        if proc.returncode != 0:
+            errors = [line for line in stderr.splitlines() if line.startswith("error:")]
+            _logger.warning("tuner study run %s exited %s: %s", study, proc.returncode, stderr[-2000:])
+            return "failed", stopped_early, (errors[-1].removeprefix("error:").strip() if errors
+                                             else f"tuner study run exited with code {proc.returncode}")
+        return "finished", stopped_early, None

@@ -1,0 +1,231 @@
+"""The tuner as a service: a Ray Serve application whose FastAPI ingress creates, lists and shows studies,
+starts and stops runs, reports live status, the best configuration and the report, and hosts the schedules.
+
+Bound to loopback it may run without a token; bound anywhere else it refuses to start without one, and every
+request but the health check and the OpenAPI spec must carry it as a bearer token."""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import os
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Optional
+
+from fastapi import Depends, FastAPI, HTTPException, Query, Request
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel, Field
+
+from tuner.errors import NotFound, TunerError
+from tuner.runs import RunBook
+from tuner.schedules import ScheduleBook
+from tuner.studies import LocalStudies, NoRecommendation, StudyRequest
+
+TOKEN_ENV = "TUNER_API_TOKEN"
+TOKEN_FILE_ENV = "TUNER_API_TOKEN_FILE"
+APP_NAME = "tuner"
+BEARER = HTTPBearer(auto_error=False)
+
+
+def read_token(token_file: Path | None) -> str | None:
+    """The bearer token: from the file if one is given (or named by TUNER_API_TOKEN_FILE), else TUNER_API_TOKEN."""
+    token_file = token_file or (Path(os.environ[TOKEN_FILE_ENV]) if os.environ.get(TOKEN_FILE_ENV) else None)
+    if token_file is not None:
+        try:
+            token = token_file.read_text().strip()
+        except OSError as exc:
+            raise TunerError(f"cannot read the token file {token_file}: {exc.strerror}") from None
+        if not token:
+            raise TunerError(f"the token file {token_file} is empty")
+        return token
+    return os.environ.get(TOKEN_ENV) or None
+
+
+def is_loopback(host: str) -> bool:
+    """True if every address `host` names is a loopback one (so only this machine can connect)."""
+    try:
+        addresses = {info[4][0] for info in socket.getaddrinfo(host, None)}
+    except socket.gaierror:
+        raise TunerError(f"cannot resolve the address to bind: {host}") from None
+    return bool(addresses) and all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addresses)
+
+
+@dataclass(frozen=True)
+class ServiceConfig:
+    storage: str | None
+    artifacts: str | None
+    token: str | None
+    ray_address: str | None  # the cluster the service's runs join
+
+
+class RunRequest(BaseModel):
+    """The options of `tuner study run`."""
+
+    trials: Optional[int] = Field(None, ge=1, le=100_000, description="Default: 8, or with window_s as many as fit.")
+    parallel: Optional[int] = Field(None, ge=1, le=4096)
+    timeout_s: Optional[float] = Field(None, gt=0, le=1e8, description="Start no trial that would end later.")
+    window_s: Optional[float] = Field(None, gt=0, le=1e8, description="As timeout_s, and stop any trial still "
+                                                                       "running at its end.")
+    prune: bool = True
+
+
+class ScheduleRequest(BaseModel):
+    """The options of `tuner schedule add`."""
+
+    name: str = Field(min_length=1, max_length=191)
+    study: str = Field(min_length=1, max_length=200)
+    cron: str = Field(min_length=1, max_length=200, examples=["0 1 * * *"])
+    window: str = Field(min_length=1, max_length=50, examples=["5h"], description="How long a run may last: 5h, "
+                                                                                  "30m, 90s.")
+    trials: Optional[int] = Field(None, ge=1, le=100_000)
+
+
+class EnqueueRequest(BaseModel):
+    settings: list[str] = Field(min_length=1, description="Engine settings NAME=VALUE, as `tuner study enqueue --set`.")
+
+
+def build_api(studies: LocalStudies, runs: RunBook, schedules: ScheduleBook, token: str | None) -> FastAPI:
+    """The HTTP API over the study answers, the run book and the schedule book."""
+    api = FastAPI(title="tuner", description="Auto-tuning of vLLM engine settings, measured on your own traffic.",
+                  version="1")
+    def authorized(credentials: Annotated[Optional[HTTPAuthorizationCredentials], Depends(BEARER)]) -> None:
+        if token is None:
+            return
+        given = credentials.credentials if credentials is not None else ""
+        if not hmac.compare_digest(given.encode(), token.encode()):
+            raise HTTPException(401, "a valid bearer token is required", headers={"WWW-Authenticate": "Bearer"})
+
+    @api.exception_handler(TunerError)
+    def tuner_error(request: Request, exc: TunerError) -> JSONResponse:
+        if isinstance(exc, NoRecommendation):
+            return JSONResponse({"detail": str(exc), "code": "no_recommendation"}, status_code=404)
+        return JSONResponse({"detail": str(exc)}, status_code=404 if isinstance(exc, NotFound) else 400)
+
+    @api.get("/healthz", tags=["service"])
+    def healthz() -> dict:
+        return {"ok": True}
+
+    guarded = [Depends(authorized)]
+
+    @api.get("/studies", tags=["studies"], dependencies=guarded)
+    def list_studies() -> list[dict]:
+        return studies.list()
+
+    @api.post("/studies", tags=["studies"], status_code=201, dependencies=guarded)
+    def create_study(request: StudyRequest) -> dict:
+        return studies.create(request)
+
+    @api.get("/studies/{name}", tags=["studies"], dependencies=guarded)
+    def study_status(name: str) -> dict:
+        return {**studies.status(name), "runs": runs.list(name)}
+
+    @api.get("/studies/{name}/best", tags=["studies"], dependencies=guarded)
+    def study_best(name: str) -> dict:
+        return studies.best(name)
+
+    @api.post("/studies/{name}/enqueue", tags=["studies"], dependencies=guarded)
+    def study_enqueue(name: str, request: EnqueueRequest) -> dict:
+        return studies.enqueue(name, request.settings)
+
+    @api.get("/studies/{name}/report", tags=["studies"], dependencies=guarded)
+    def study_report(name: str) -> dict:
+        return studies.report(name)
+
+    @api.get("/studies/{name}/report.html", tags=["studies"], response_class=HTMLResponse, dependencies=guarded)
+    def study_report_html(name: str) -> str:
+        return studies.report_html(name)
+
+    @api.get("/studies/{name}/export", tags=["studies"], response_class=PlainTextResponse, dependencies=guarded)
+    def study_export(name: str, format: Annotated[str, Query(pattern="^(json|csv)$")] = "json",
+                     requests: bool = False) -> str:
+        return studies.export(name, format, requests)
+
+    @api.post("/studies/{name}/runs", tags=["runs"], status_code=202, dependencies=guarded)
+    def start_run(name: str, request: RunRequest) -> dict:
+        studies.status(name)  # a clear 404 now rather than a failed run later
+        if request.timeout_s is not None and request.window_s is not None:
+            raise TunerError("give timeout_s or window_s, not both")
+        return runs.start(name, request.trials, parallel=request.parallel, timeout_s=request.timeout_s,
+                          window_s=request.window_s, prune=request.prune)
+
+    @api.get("/runs", tags=["runs"], dependencies=guarded)
+    def list_runs() -> list[dict]:
+        return runs.list()
+
+    @api.get("/runs/{run_id}", tags=["runs"], dependencies=guarded)
+    def run_status(run_id: str) -> dict:
+        return runs.get(run_id)
+
+    @api.post("/runs/{run_id}/stop", tags=["runs"], dependencies=guarded)
+    def stop_run(run_id: str) -> dict:
+        return runs.stop(run_id)
+
+    @api.get("/schedules", tags=["schedules"], dependencies=guarded)
+    def list_schedules() -> list[dict]:
+        return [s.to_dict() for s in schedules.list()]
+
+    @api.post("/schedules", tags=["schedules"], status_code=201, dependencies=guarded)
+    def add_schedule(request: ScheduleRequest) -> dict:
+        from tuner.study import parse_duration
+
+        return schedules.add(request.name, study=request.study, cron=request.cron,
+                             window_s=parse_duration(request.window), trials=request.trials).to_dict()
+
+    @api.get("/schedules/{name}", tags=["schedules"], dependencies=guarded)
+    def show_schedule(name: str) -> dict:
+        return schedules.get(name).to_dict()
+
+    @api.delete("/schedules/{name}", tags=["schedules"], dependencies=guarded)
+    def remove_schedule(name: str) -> dict:
+        schedules.remove(name)
+        return {"removed": name}
+
+    @api.post("/schedules/{name}/run-now", tags=["schedules"], dependencies=guarded)
+    def run_schedule_now(name: str) -> dict:
+        return schedules.run_now(name).to_dict()
+
+    @api.get("/schedules/{name}/runs", tags=["schedules"], dependencies=guarded)
+    def schedule_runs(name: str, limit: Annotated[Optional[int], Query(ge=1, le=1000)] = None) -> list[dict]:
+        """Its runs, the latest first, each with its morning summary (`summary`, in words)."""
+        schedules.get(name)
+        return [{**run.to_dict(), "summary": run.lines()} for run in schedules.runs(name, limit)]
+
+    return api
+
+
+def _service_deployment():
+    """The Serve deployment, built on demand so that importing this module does not import Ray Serve."""
+    from ray import serve
+
+    @serve.deployment(name="tuner-api", num_replicas=1, ray_actor_options={"num_cpus": 0},
+                      max_ongoing_requests=64, health_check_period_s=5)
+    @serve.ingress()
+    class TunerService:
+        """One replica: it holds the runs it started, so there is exactly one."""
+
+        def __init__(self, config: ServiceConfig):
+            import ray
+
+            from tuner.runs import RunBook
+            from tuner.schedules import ScheduleBook
+            from tuner.study import StoragePlan
+
+            self.plan = StoragePlan.resolve(config.storage, config.artifacts)
+            # Runs, whether started by a request or a schedule, join the service's cluster.
+            os.environ["RAY_ADDRESS"] = config.ray_address or ray.get_runtime_context().gcs_address
+            self.runs = RunBook(self.plan)
+            self.schedules = ScheduleBook(self.plan)
+            self.schedules.start()
+            self.token = config.token
+
+        def __serve_build_asgi_app__(self):
+            return build_api(LocalStudies(self.plan), self.runs, self.schedules, self.token)
+
+        def __del__(self):
+            self.runs.stop_all()
+            self.schedules.shutdown()
+
+    return TunerService

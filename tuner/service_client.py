@@ -1,0 +1,105 @@
+"""The study commands' answers asked of a tuner service over HTTP (`--server URL`): the same answers as
+`LocalStudies` gives, so the command line prints the same either way."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from urllib.parse import quote
+
+import httpx
+
+from tuner.errors import NotFound, TunerError
+from tuner.studies import NoRecommendation, StudyRequest
+
+
+class ServiceClient:
+    """HTTP calls to the service, each failure turned into the error a user can act on."""
+
+    def __init__(self, url: str, token: str | None = None, timeout_s: float = 120.0):
+        self.url = url.rstrip("/")
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout_s)
+
+    def call(self, method: str, path: str, **kwargs) -> httpx.Response:
+        try:
+            response = self._http.request(method, path, **kwargs)
+        except httpx.HTTPError as exc:
+            raise TunerError(f"cannot reach the tuner service at {self.url}: {exc}") from None
+        if response.status_code < 400:
+            return response
+        try:
+            body = response.json()
+        except ValueError:
+            body = {}
+        detail = body.get("detail") if isinstance(body, dict) else None
+        if not isinstance(detail, str):  # FastAPI's validation errors are a list
+            detail = f"{response.status_code} {response.reason_phrase}: {detail or response.text[:300]}"
+        if response.status_code == 401:
+            raise TunerError(f"the tuner service at {self.url} refused the request: {detail} "
+                             f"(set TUNER_API_TOKEN or give --token-file)")
+        if response.status_code == 404:
+            raise (NoRecommendation if body.get("code") == "no_recommendation" else NotFound)(detail)
+        if response.status_code >= 500:
+            raise TunerError(f"the tuner service at {self.url} failed: {detail}")
+        raise TunerError(detail)
+
+    def json(self, method: str, path: str, **kwargs):
+        return self.call(method, path, **kwargs).json()
+
+
+class RemoteStudies:
+    """`tuner.studies.Studies`, answered by the service."""
+
+    def __init__(self, client: ServiceClient):
+        self.client = client
+
+    def create(self, request: StudyRequest) -> dict:
+        return self.client.json("POST", "/studies", json=request.model_dump())
+
+    def list(self) -> list[dict]:
+        return self.client.json("GET", "/studies")
+
+    def status(self, name: str) -> dict:
+        data = self.client.json("GET", f"/studies/{_quote(name)}")
+        data.pop("runs", None)
+        return data
+
+    def best(self, name: str) -> dict:
+        return self.client.json("GET", f"/studies/{_quote(name)}/best")
+
+    def enqueue(self, name: str, assignments: list[str]) -> dict:
+        return self.client.json("POST", f"/studies/{_quote(name)}/enqueue", json={"settings": assignments})
+
+    def export(self, name: str, format: str, requests: bool) -> str:
+        return self.client.call("GET", f"/studies/{_quote(name)}/export",
+                                params={"format": format, "requests": requests}).text
+
+    def report(self, name: str) -> dict:
+        return self.client.json("GET", f"/studies/{_quote(name)}/report")
+
+    def report_html(self, name: str) -> str:
+        return self.client.call("GET", f"/studies/{_quote(name)}/report.html").text
+
+    # Runs: started on the service, followed by polling.
+
+    def start_run(self, name: str, trials: int | None, parallel: int | None, timeout_s: float | None,
+                  window_s: float | None, prune: bool) -> dict:
+        return self.client.json("POST", f"/studies/{_quote(name)}/runs",
+                                json={"trials": trials, "parallel": parallel, "timeout_s": timeout_s,
+                                      "window_s": window_s, "prune": prune})
+
+    def run(self, run_id: str) -> dict:
+        return self.client.json("GET", f"/runs/{_quote(run_id)}")
+
+    def stop_run(self, run_id: str) -> dict:
+        return self.client.json("POST", f"/runs/{_quote(run_id)}/stop")
+
+
+def _quote(segment: str) -> str:
+    return quote(segment, safe="")
+
+
+def remote_studies(server: str, token_file: Path | None) -> RemoteStudies:
+    from tuner.service import read_token
+
+    return RemoteStudies(ServiceClient(server, read_token(token_file)))

@@ -1,0 +1,190 @@
+"""What each study command answers, as JSON-ready data: the same answers whether the command line runs them
+here (`LocalStudies`) or asks a tuner service for them (`tuner.service_client.RemoteStudies`), so both print
+alike. The service itself answers with `LocalStudies`."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+from typing import Optional, Protocol
+
+from pydantic import BaseModel, Field
+
+from tuner.describe import recommendation_dict
+from tuner.errors import TunerError
+
+
+class NoRecommendation(TunerError):
+    """No trial of the study met its boundary yet (the command exits 1: an answer, not bad usage)."""
+
+
+class StudyRequest(BaseModel):
+    """A study to create: the options of `tuner study create`. Paths are read where the study is created."""
+
+    name: str = Field(min_length=1, max_length=200)
+    model: Optional[str] = None
+    trace: Optional[str] = None
+    trace_latest: Optional[str] = Field(None, description="A folder of traces: its newest file is replayed, and the "
+                                                          "study warm-starts from the latest one like it.")
+    warm_from: Optional[str] = Field(None, description="An earlier study whose best configurations run first.")
+    space: str = "cpu-small"
+    boundary: str = "interactive"
+    limits: list[str] = []
+    window: Optional[str] = None
+    rate_scale: Optional[float] = None
+    max_requests: Optional[int] = None
+    fit: Optional[str] = None
+    sampler: str = "tpe"
+    seed: Optional[int] = None
+    request_timeout_s: float = 600.0
+    startup_timeout_s: float = 600.0
+
+
+class Studies(Protocol):
+    def create(self, request: StudyRequest) -> dict: ...
+    def list(self) -> list[dict]: ...
+    def status(self, name: str) -> dict: ...
+    def best(self, name: str) -> dict: ...
+    def enqueue(self, name: str, assignments: list[str]) -> dict: ...
+    def export(self, name: str, format: str, requests: bool) -> str: ...
+    def report(self, name: str) -> dict: ...
+    def report_html(self, name: str) -> str: ...
+
+
+EXPORT_FORMATS = ("json", "csv")
+CSV_FIELDS = ["trial_number", "attempt", "state", "pareto", "failure_class", "completed", "requests",
+              "completed_rps", "output_tps", "ttft_p95_s", "e2e_p95_s", "preemptions", "feasible", "serve_command"]
+
+
+class LocalStudies:
+    """Answers from the storage itself."""
+
+    def __init__(self, plan):
+        self.plan = plan
+
+    def _open(self, name: str):
+        from tuner.study import load_optuna_study
+
+        repo = self.plan.repository()
+        return repo, repo.get_study(name), load_optuna_study(name, self.plan)
+
+    def create(self, request: StudyRequest) -> dict:
+        from storage.urls import redact_url
+        from tuner.cli import _default_model, _selection
+        from tuner.paths import bundled_trace
+        from tuner.scoring import parse_limits
+        from tuner.study import create_study, latest_trace, warm_start
+
+        if request.trace and request.trace_latest:
+            raise TunerError("give a trace or a folder to take the latest trace from, not both")
+        trace = latest_trace(Path(request.trace_latest)) if request.trace_latest else request.trace
+        if request.warm_from is not None:
+            self.plan.repository().get_study(request.warm_from)  # before anything is created
+        settings = create_study(
+            request.name, model=request.model or _default_model(), trace_path=trace or bundled_trace(),
+            selection=_selection(request.window, request.max_requests, request.rate_scale, request.fit),
+            space=request.space, boundary_name=request.boundary, limits=parse_limits(request.limits),
+            plan=self.plan, sampler=request.sampler, seed=request.seed,
+            request_timeout_s=request.request_timeout_s, startup_timeout_s=request.startup_timeout_s)
+        created = {**settings.__dict__, "storage": redact_url(self.plan.url)}
+        if request.warm_from is not None or request.trace_latest is not None:
+            carried = warm_start(request.name, self.plan, request.warm_from)
+            created["warm_start"] = carried.to_dict() if carried else None
+        return created
+
+    def list(self) -> list[dict]:
+        repo = self.plan.repository()
+        rows = []
+        for s in repo.list_studies():
+            trials = repo.trials(s.name)
+            rows.append({"name": s.name, "created_at": s.created_at, "boundary": s.boundary, "space": s.space_name,
+                         "trace": Path(s.trace_path).name, "trials": len(trials),
+                         "feasible": sum(t.state == "complete" and bool(t.score.get("feasible")) for t in trials)})
+        return rows
+
+    def status(self, name: str) -> dict:
+        from optuna.trial import TrialState
+
+        from tuner.study import recommend
+
+        repo, settings, study = self._open(name)
+        stored = repo.trials(name)
+        states: dict[str, int] = {}
+        for t in stored:
+            states[t.state] = states.get(t.state, 0) + 1
+        running = [t.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))]
+        waiting = [t.number for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,))]
+        rec = recommend(repo, settings, study)
+        return {"name": name, "boundary": settings.boundary, "trials": len(stored), "by_state": states,
+                "running": running, "waiting": waiting,
+                "best": {"trial": rec.trial.trial_number, **rec.trial.score} if rec else None}
+
+    def best(self, name: str) -> dict:
+        from tuner.study import recommend
+
+        repo, settings, study = self._open(name)
+        rec = recommend(repo, settings, study)
+        if rec is None:
+            raise NoRecommendation(f"study {name}: no trial met the {settings.boundary} boundary yet")
+        return recommendation_dict(rec, settings)
+
+    def enqueue(self, name: str, assignments: list[str]) -> dict:
+        from tuner.study import enqueue_config
+        from workers.engine_config import EngineConfig
+
+        config = EngineConfig.from_assignments(assignments)
+        enqueue_config(name, self.plan, config)
+        return {"study": name, "engine_config": config.to_dict()}
+
+    def export(self, name: str, format: str, requests: bool) -> str:
+        from tuner.study import recommend
+
+        if format not in EXPORT_FORMATS:
+            raise TunerError(f"--format must be json or csv, got {format!r}")
+        repo, settings, study = self._open(name)
+        trials = repo.trials(name)
+        pareto = {t.number for t in study.best_trials}
+        if format == "json":
+            rows = []
+            for t in trials:
+                row = {**{k: v for k, v in t.__dict__.items() if k != "id"}, "pareto": t.trial_number in pareto}
+                if requests:
+                    row["requests"] = [r.__dict__ for r in repo.requests(name, t.trial_number)]
+                rows.append(row)
+            rec = recommend(repo, settings, study)
+            return json.dumps({"study": settings.__dict__,
+                               "recommendation": recommendation_dict(rec, settings) if rec else None,
+                               "trials": rows}, indent=2, default=str) + "\n"
+        buffer = io.StringIO()
+        writer = csv.DictWriter(buffer, fieldnames=CSV_FIELDS)
+        writer.writeheader()
+        for t in trials:
+            m = t.measurement or {}
+            writer.writerow({"trial_number": t.trial_number, "attempt": t.attempt, "state": t.state,
+                             "pareto": t.trial_number in pareto, "failure_class": t.failure_class,
+                             "completed": m.get("completed"), "requests": m.get("requests"),
+                             "completed_rps": m.get("completed_rps"), "output_tps": m.get("output_tps"),
+                             "ttft_p95_s": (m.get("ttft_s") or {}).get("p95"),
+                             "e2e_p95_s": (m.get("e2e_s") or {}).get("p95"), "preemptions": m.get("preemptions"),
+                             "feasible": t.score.get("feasible"), "serve_command": t.serve_command})
+        return buffer.getvalue()
+
+    def report(self, name: str) -> dict:
+        """The report's text parts and its summary; `report_html` is the page with the plots."""
+        from tuner.report import collect_report, common_settings, recommendation_lines, side_by_side, summary, \
+            trial_rows
+
+        data = collect_report(name, self.plan)
+        base, rec = data.baseline, data.recommended
+        return {"summary": summary(data), "recommended": data.recommendation is not None,
+                "lines": recommendation_lines(data), "side_by_side": [list(row) for row in side_by_side(data)],
+                "baseline_trial": base.trial_number if base else None,
+                "recommended_trial": rec.trial_number if rec else None,
+                "common_settings": common_settings(data), "trial_rows": trial_rows(data)}
+
+    def report_html(self, name: str) -> str:
+        from tuner.report import collect_report, render_html
+
+        return render_html(collect_report(name, self.plan))
