@@ -2,12 +2,12 @@
 
 from storage.artifacts import attach_trial_artifacts, trial_artifacts
 from storage.records import BOUNDARIES, TRIAL_STATES, StoredRequest, StoredTrial, StudySettings
-from storage.repository import Repository, alembic_config
+from storage.repository import DatabaseUnreachable, Repository, alembic_config
 from storage.schema import VERSION_TABLE
 from storage.urls import default_artifact_dir, default_storage_url, redact_url
 
 __all__ = [
-    "BOUNDARIES", "TRIAL_STATES", "VERSION_TABLE", "Repository", "StoredRequest", "StoredTrial", "StudySettings",
-    "alembic_config", "attach_trial_artifacts", "default_artifact_dir", "default_storage_url", "redact_url",
-    "trial_artifacts",
+    "BOUNDARIES", "TRIAL_STATES", "VERSION_TABLE", "DatabaseUnreachable", "Repository", "StoredRequest",
+    "StoredTrial", "StudySettings", "alembic_config", "attach_trial_artifacts", "default_artifact_dir",
+    "default_storage_url", "redact_url", "trial_artifacts",
 ]

@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from storage.records import StoredRequest, StoredTrial, StudySettings
 from storage.schema import LaunchFailureRow, RequestRow, StudyRow, TraceRow, TrialRow
 from storage.urls import redact_url
-from tuner.errors import TunerError
+from tuner.errors import NotFound, TunerError
 from tuner.traces.records import Trace
 from tuner.traces.stats import TraceStats
 
@@ -56,6 +56,19 @@ def _prepare_sqlite(engine: Engine) -> None:
         connection.exec_driver_sql("BEGIN IMMEDIATE")
 
 
+class DatabaseUnreachable(TunerError):
+    """The database cannot be reached (down, refused, wrong password, no such file): one line naming it."""
+
+    @classmethod
+    def from_error(cls, url: str, exc: OperationalError) -> DatabaseUnreachable:
+        """The URL with its password hidden, and the driver's reason (its first line; no password either)."""
+        reason = str(exc.orig if exc.orig is not None else exc).strip().splitlines()[0]
+        password = make_url(url).password
+        if password:
+            reason = reason.replace(str(password), "***")
+        return cls(f"cannot reach the database at {redact_url(url)}: {reason}")
+
+
 def _from_row(cls: type[R], row: Any, **values: Any) -> R:
     """The record whose fields the row's attributes of the same names fill, `values` taking precedence."""
     return cls(**{f.name: values[f.name] if f.name in values else getattr(row, f.name) for f in fields(cls)})
@@ -68,7 +81,8 @@ class Repository:
         self._url = url
         self.display_url = redact_url(url)
         try:
-            self.engine = create_engine(url)
+            # pre_ping: a connection the server dropped (a restart) is replaced instead of failing the next call.
+            self.engine = create_engine(url, pool_pre_ping=True)
         except (ArgumentError, ValueError):
             raise TunerError(f"not a database URL: {self.display_url}") from None
         except ImportError as exc:
@@ -80,35 +94,25 @@ class Repository:
     def __repr__(self) -> str:
         return f"Repository({self.display_url!r})"
 
-    def _unreachable(self, exc: OperationalError) -> TunerError:
-        reason = str(exc.orig if exc.orig is not None else exc).strip().splitlines()[0]
-        password = make_url(self._url).password
-        if password:
-            reason = reason.replace(str(password), "***")
-        return TunerError(f"cannot reach the database at {self.display_url}: {reason}")
-
-    def _connect(self) -> Connection:
-        try:
-            return self.engine.connect()
-        except OperationalError as exc:
-            raise self._unreachable(exc) from None
-
     @contextmanager
     def _transaction(self) -> Iterator[Session]:
-        """A session in one transaction, committed on success; connection failures become TunerError."""
-        with self._sessions.begin() as session:
-            try:
-                session.connection()
-            except OperationalError as exc:
-                raise self._unreachable(exc) from None
-            yield session
+        """A session in one transaction, committed on success; the database lost at any point in it (connect,
+        statement, commit) becomes TunerError."""
+        try:
+            with self._sessions.begin() as session:
+                yield session
+        except OperationalError as exc:
+            raise DatabaseUnreachable.from_error(self._url, exc) from None
 
     def migrate(self) -> None:
         """Bring tuner's tables to the newest revision; a no-op when they are there already."""
-        with self._connect() as connection, connection.begin():
-            config = alembic_config(self._url)
-            config.attributes["connection"] = connection
-            command.upgrade(config, "head")
+        try:
+            with self.engine.connect() as connection, connection.begin():
+                config = alembic_config(self._url)
+                config.attributes["connection"] = connection
+                command.upgrade(config, "head")
+        except OperationalError as exc:
+            raise DatabaseUnreachable.from_error(self._url, exc) from None
 
     # Studies
 
@@ -132,7 +136,7 @@ class Repository:
     def _study_row(session: Session, name: str) -> StudyRow:
         row = session.scalars(select(StudyRow).where(StudyRow.name == name)).one_or_none()
         if row is None:
-            raise TunerError(f"no study named {name}")
+            raise NotFound(f"no study named {name}")
         return row
 
     # Traces

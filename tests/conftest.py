@@ -11,6 +11,9 @@ from pathlib import Path
 import psutil
 import pytest
 
+# PostgreSQL: the `postgres_url` (session) and `postgres_database` (per test) fixtures.
+pytest_plugins = ["postgres"]
+
 REPO = Path(__file__).resolve().parents[1]
 TRACES = REPO.parent / "shared" / "traces"
 AZURE_CONV = TRACES / "azure_conv_2023.csv"

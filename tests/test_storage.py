@@ -1,8 +1,8 @@
-"""storage/: tuner's tables beside Optuna's in one real SQLite file, migrations, records and artifacts."""
+"""storage/: tuner's tables beside Optuna's in one real database, migrations, records and artifacts; every test
+that takes `url` runs on a SQLite file and on a PostgreSQL database of its own."""
 
 from __future__ import annotations
 
-import importlib.util
 import threading
 from dataclasses import replace
 from pathlib import Path
@@ -27,8 +27,10 @@ from workers.replay import Outcome, ReplayResult, RequestRecord
 TUNER_TABLES = {"tuner_studies", "tuner_traces", "tuner_trials", "tuner_requests", "tuner_launch_failures"}
 
 
-@pytest.fixture
-def url(tmp_path: Path) -> str:
+@pytest.fixture(params=["sqlite", "postgresql"])
+def url(request, tmp_path: Path) -> str:
+    if request.param == "postgresql":
+        return request.getfixturevalue("postgres_database")
     return f"sqlite:///{tmp_path / 'tuner.db'}"
 
 
@@ -216,7 +218,7 @@ def test_foreign_keys_are_enforced(repo):
                              "input_tokens, output_tokens, outcome) VALUES (999, 0, 0, 1, 1, 1, 'ok')"))
 
 
-def test_two_writers_share_one_sqlite_file(repo, url):
+def test_two_writers_share_one_database(repo, url):
     repo.save_study(settings())
     errors: list[BaseException] = []
 
@@ -264,12 +266,8 @@ def test_unreachable_database_names_the_redacted_url(tmp_path):
     assert caught.value.__cause__ is None
 
     postgres = "postgresql+psycopg://u:pw-s3cret@127.0.0.1:1/db"
-    if importlib.util.find_spec("psycopg") is not None:
-        with pytest.raises(TunerError, match=r"cannot reach the database at postgresql\+psycopg://u:\*\*\*@") as caught:
-            Repository(postgres).migrate()
-    else:
-        with pytest.raises(TunerError, match=r"no driver for postgresql\+psycopg://u:\*\*\*@") as caught:
-            Repository(postgres)
+    with pytest.raises(TunerError, match=r"cannot reach the database at postgresql\+psycopg://u:\*\*\*@") as caught:
+        Repository(postgres).migrate()
     assert "pw-s3cret" not in str(caught.value)
 
 
@@ -281,7 +279,8 @@ def test_default_locations(tmp_path, monkeypatch):
     assert default_artifact_dir("postgresql+psycopg://u:pw@db/tuner") == tmp_path / "home" / "artifacts"
 
 
-def test_trial_artifacts_round_trip(url, tmp_path):
+def test_trial_artifacts_round_trip(url, tmp_path, monkeypatch):
+    monkeypatch.setenv("TUNER_HOME", str(tmp_path / "home"))  # where a server database's artifacts go
     study = optuna.create_study(study_name="s1", storage=url)
     trial = study.ask()
     log = tmp_path / "server.log"

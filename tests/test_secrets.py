@@ -1,0 +1,149 @@
+"""A PostgreSQL URL carries a password: it must never show, not in the command line's output and errors, a
+trial's files, the report, the Optuna dashboard's answers, nor anything stored in the database.
+
+`assert_password_absent` is the check, for any text: reuse it for every new place a URL could leak to."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from urllib.parse import quote, quote_plus
+
+import httpx
+import optuna
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.engine import make_url
+
+from postgres import create_small_study, fresh_database
+from storage import Repository
+from workers.launch import free_port
+from workers.trial import ARTIFACTS
+
+def password_forms(password: str) -> set[str]:
+    """The password as it may appear: verbatim, or percent-encoded as in a URL or a form."""
+    return {password, quote(password, safe=""), quote_plus(password)}
+
+
+def assert_password_absent(where: str, text: str | bytes, password: str) -> None:
+    """Fail, naming the place, if the password shows in `text` in any of its forms."""
+    shown = text.decode("utf-8", errors="replace") if isinstance(text, bytes) else text
+    found = sorted(form for form in password_forms(password) if form in shown)
+    assert not found, f"the database password shows in {where}"
+
+
+def test_the_check_finds_the_password_in_a_url():
+    url = "postgresql+psycopg://tuner:pw-s3cret%2F%40%3A@127.0.0.1:5432/tuner"
+    with pytest.raises(AssertionError, match="password shows in a URL"):
+        assert_password_absent("a URL", url, make_url(url).password)
+    assert_password_absent("a redacted URL", "postgresql+psycopg://tuner:***@127.0.0.1:5432/tuner", "pw-s3cret/@:")
+
+
+def _tuner(*args: str, expect_ok: bool = True) -> subprocess.CompletedProcess:
+    result = subprocess.run([sys.executable, "-m", "tuner", *args], capture_output=True, text=True, timeout=900)
+    assert (result.returncode == 0) == expect_ok, result.stderr[-3000:]
+    return result
+
+
+@pytest.fixture(scope="module")
+def study(tiny_model, tmp_path_factory, postgres_url):
+    """One study on a PostgreSQL database of its own, its baseline trial run."""
+    root = tmp_path_factory.mktemp("secrets")
+    with fresh_database(postgres_url) as url:
+        password = make_url(url).password
+        assert password and len(password) >= 8, "a password this short cannot be searched for in output"
+        common = create_small_study(root, "s", url, tiny_model)
+        yield {"root": root, "url": url, "password": password, "common": common,
+               "run": _tuner("study", "run", "s", "--trials", "1", *common)}
+
+
+@pytest.mark.vllm
+def test_command_line_output_and_errors(study):
+    common, password = study["common"], study["password"]
+    html = study["root"] / "report.html"
+    runs = {"study run": study["run"],
+            "study create (again)": _tuner("study", "create", "s", "--max-requests", "8", "--fit", "clip", *common,
+                                           expect_ok=False),
+            "study list": _tuner("study", "list", *common),
+            "study list --json": _tuner("study", "list", "--json", *common),
+            "study status": _tuner("study", "status", "s", *common),
+            "study status (no such study)": _tuner("study", "status", "nope", *common, expect_ok=False),
+            "study best": _tuner("study", "best", "s", *common),
+            "study best --json": _tuner("study", "best", "s", "--json", *common),
+            "study report": _tuner("study", "report", "s", "--html", str(html), *common),
+            "study report --json": _tuner("study", "report", "s", "--json", *common),
+            "study export": _tuner("study", "export", "s", "--requests", *common),
+            "study export --format csv": _tuner("study", "export", "s", "--format", "csv", *common)}
+    closed = make_url(study["url"]).set(port=free_port()).render_as_string(hide_password=False)
+    runs["study list (database down)"] = _tuner("study", "list", "--storage", closed, expect_ok=False)
+    for name, result in runs.items():
+        assert_password_absent(f"the output of `tuner {name}`", result.stdout + result.stderr, password)
+    # What these commands print is real: the study, its URL (redacted) and its trial.
+    assert "***@127.0.0.1" in runs["study list (database down)"].stderr
+    assert json.loads(runs["study best --json"].stdout)["serve_command"].startswith("vllm serve ")
+    assert "study s already exists" in runs["study create (again)"].stderr
+    assert html.stat().st_size > 10_000
+    assert_password_absent("the HTML report", html.read_text(), password)
+
+
+@pytest.mark.vllm
+def test_trial_artifacts_on_disk(study):
+    files = [path for path in (study["root"] / "artifacts").rglob("*") if path.is_file()]
+    names = {path.name for path in files}
+    assert set(ARTIFACTS) <= names, names
+    for path in files:
+        assert_password_absent(str(path), path.read_bytes(), study["password"])
+
+
+@pytest.mark.vllm
+def test_everything_stored_in_the_database(study):
+    """Every row of every table, tuner's and Optuna's."""
+    engine = sa.create_engine(study["url"])
+    try:
+        metadata = sa.MetaData()
+        metadata.reflect(engine)
+        assert {"tuner_studies", "tuner_trials", "tuner_requests", "trials", "trial_user_attributes"} <= set(
+            metadata.tables)
+        with engine.connect() as conn:
+            for table in metadata.sorted_tables:
+                rows = conn.execute(sa.select(table)).all()
+                assert_password_absent(f"table {table.name}", "\n".join(map(repr, rows)), study["password"])
+    finally:
+        engine.dispose()
+    assert len(Repository(study["url"]).trials("s")) == 1
+
+
+@pytest.mark.vllm
+def test_optuna_dashboard_answers(study):
+    port = free_port()
+    dashboard = subprocess.Popen([sys.executable, "-m", "tuner", "dashboard", "--port", str(port), *study["common"]],
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(150):
+            try:
+                httpx.get(f"{base}/api/meta").raise_for_status()
+                break
+            except httpx.HTTPError:
+                assert dashboard.poll() is None, dashboard.stdout.read()
+                time.sleep(0.2)
+        study_id = optuna.load_study(study_name="s", storage=study["url"])._study_id
+        answers = {path: httpx.get(f"{base}{path}", timeout=30) for path in (
+            "/dashboard", "/api/meta", "/api/studies", f"/api/studies/{study_id}",
+            f"/api/studies/{study_id}/param_importances", f"/csv/{study_id}")}
+        detail = answers[f"/api/studies/{study_id}"].json()
+        assert [t["number"] for t in detail["trials"]] == [0]
+        for artifact in detail["trials"][0]["artifacts"]:
+            path = f"/artifacts/{study_id}/{detail['trials'][0]['trial_id']}/{artifact['artifact_id']}"
+            answers[path] = httpx.get(f"{base}{path}", timeout=30)
+        assert len(answers) == 6 + len(ARTIFACTS), "each of the trial's files"
+        for path, answer in answers.items():
+            assert answer.status_code == 200, (path, answer.text[:300])
+            assert_password_absent(f"the dashboard's answer to {path}", answer.content, study["password"])
+    finally:
+        dashboard.terminate()
+        output, _ = dashboard.communicate(timeout=10)
+    assert "***@127.0.0.1" in output
+    assert_password_absent("the dashboard's own output", output, study["password"])
