@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+import psutil
 
 from tuner.models import inspect_model
 from workers.engine_config import EngineConfig
@@ -42,16 +43,26 @@ class RunningEngine:
     base_url: str
     log_path: Path
     startup_s: float
+    server: psutil.Process | None = None  # the vLLM server under the guard, once it is serving
     _live: bool = field(default=True, repr=False)
 
     def alive(self) -> bool:
-        return self.process.poll() is None
+        # The server itself, not only its guard: a guard outlives a killed server while it stops the rest.
+        if self.process.poll() is not None:
+            return False
+        try:
+            return self.server is None or self.server.status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
 
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
     def failure(self) -> EngineFailure:
-        """Why a server that was serving stopped (call once `alive()` is False)."""
+        """Why a server that was serving stopped (call once `alive()` is False). The guard is given the time it
+        takes to stop the rest, so that the exit code is known."""
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=2 * STOP_GRACE_S)
         return classify_failure(self.process.poll(), self.log_text(), was_serving=True)
 
     def stop(self) -> float:
@@ -145,11 +156,19 @@ def start_engine(model: str | Path, config: EngineConfig, log_path: str | Path, 
         engine.stop()
         raise
     engine.startup_s = time.monotonic() - started
+    engine.server = _server_process(process, argv) if healthy else None
     if not healthy:
         engine.stop()
         failure = classify_failure(process.returncode, engine.log_text(), timed_out=timed_out)
         raise EngineLaunchError(failure, engine.startup_s)
     return engine
+
+
+def _server_process(guard: subprocess.Popen, argv: list[str]) -> psutil.Process | None:
+    try:
+        return next((p for p in psutil.Process(guard.pid).children(recursive=True) if p.cmdline() == argv), None)
+    except psutil.Error:
+        return None
 
 
 @contextlib.contextmanager

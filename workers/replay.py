@@ -26,7 +26,8 @@ from workers.server_metrics import MetricsSampler, MetricsSnapshot, TimelineSamp
 class Outcome(str, Enum):
     OK = "ok"  # streamed to the end with every requested token
     TRUNCATED = "truncated"  # finished normally but with fewer tokens than asked
-    HTTP_ERROR = "http_error"  # an error status, or an error event inside the stream
+    REJECTED = "rejected"  # refused as invalid with a 4xx status, e.g. longer than the server's max_model_len
+    HTTP_ERROR = "http_error"  # any other error status (5xx, 429 overload), or an error event inside the stream
     TIMEOUT = "timeout"  # not finished within the per-request limit
     DISCONNECTED = "disconnected"  # connection refused, reset or closed before the stream ended
     NOT_SENT = "not_sent"  # the replay had ended (engine gone, or stopped) before this request's time came
@@ -133,6 +134,11 @@ def _gap_summary(times: list[float]) -> tuple[float | None, float | None, float 
     return statistics.fmean(gaps), p95, max(gaps)
 
 
+def _refused(status: int) -> bool:
+    """A 4xx that says the request itself is wrong; 408 and 429 say the server was too busy to take it."""
+    return 400 <= status < 500 and status not in (408, 429)
+
+
 async def send_completion(client: httpx.AsyncClient, url: str, req: ReplayRequest, origin: float,
                           timeout_s: float, progress: InFlight | None = None) -> RequestRecord:
     """One streaming /v1/completions request, timed from the moment it goes out."""
@@ -149,7 +155,7 @@ async def send_completion(client: httpx.AsyncClient, url: str, req: ReplayReques
                 status = response.status_code
                 if status != 200:
                     error = (await response.aread()).decode(errors="replace")[:300]
-                    outcome = Outcome.HTTP_ERROR
+                    outcome = Outcome.REJECTED if _refused(status) else Outcome.HTTP_ERROR
                 else:
                     async for line in response.aiter_lines():
                         if not line.startswith("data: "):
