@@ -7,7 +7,9 @@ import json
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import httpx
 import optuna
@@ -163,10 +165,13 @@ def test_dashboard_shows_the_pareto_front_and_trial_attributes(study):
 def test_killed_driver_resumes_keeping_finished_trials_and_rerunning_the_interrupted(study):
     before = _trials(study)
     args = ["study", "run", "s", "--trials", "1", "--heartbeat", "1", "--grace", "2", *study["common"]]
+    started = time.time()
     proc = subprocess.Popen([sys.executable, "-m", "tuner", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    log = study["root"] / "artifacts" / "trials" / "s" / "trial-0005" / "server.log"
+    # A trial's files reach the artifact store only when it ends: while it runs, its server log is in the
+    # worker's scratch folder.
     deadline = time.monotonic() + 300
-    while not (log.exists() and "POST /v1/completions" in log.read_text(errors="replace")):
+    while not any(log.stat().st_mtime > started and "POST /v1/completions" in log.read_text(errors="replace")
+                  for log in Path(tempfile.gettempdir()).glob("tuner-trial-*/server.log")):
         assert proc.poll() is None and time.monotonic() < deadline, "trial 5 never reached its replay"
         time.sleep(0.5)
     proc.send_signal(signal.SIGKILL)
