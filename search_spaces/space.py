@@ -389,6 +389,7 @@ class _Parser:
         self.path = path
 
     def error(self, key: str, message: str) -> TunerError:
+        key = key if key.isprintable() else repr(key)  # a key with a line break must not break the line
         return TunerError(f"{self.path}: {key}: {message}" if key else f"{self.path}: {message}")
 
     def space(self, text: str) -> SearchSpace:
@@ -399,6 +400,8 @@ class _Parser:
             where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
             problem = getattr(exc, "problem", None) or " ".join(str(exc).split())
             raise self.error("", f"invalid YAML{where}: {problem}") from None
+        except RecursionError:  # PyYAML composes nested collections recursively
+            raise self.error("", "invalid YAML: nested too deeply") from None
         data = self.mapping("", data)
         unknown = [key for key in data if key not in _TOP_KEYS]
         if unknown:
@@ -479,6 +482,8 @@ class _Parser:
             if step <= 0:
                 raise self.error(f"{key}.step", f"must be above 0, got {step}")
             steps = (high - low) / step
+            if not math.isfinite(steps):
+                raise self.error(f"{key}.step", f"{step} is too small for the range {low} to {high}")
             if not math.isclose(steps, round(steps), abs_tol=1e-9):
                 raise self.error(f"{key}.high", f"high ({high}) is not low ({low}) plus a whole number of steps ({step})")
         if kind == "int":

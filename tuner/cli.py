@@ -12,10 +12,13 @@ from typing import Annotated, Optional
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from tuner.console import err, fmt, out, print_json
 from tuner.errors import TunerError
 from tuner.report_cli import compare, study_report
+from tuner.schedule_cli import schedule_app
+from tuner.service_cli import serve
 from tuner.study_cli import dashboard, study_app
 
 app = typer.Typer(help="Find the vLLM engine settings that serve your own traffic best, by measuring them.",
@@ -27,9 +30,11 @@ app.add_typer(model_app, name="model")
 app.add_typer(trace_app, name="trace")
 app.add_typer(trial_app, name="trial")
 app.add_typer(study_app, name="study")
+app.add_typer(schedule_app, name="schedule")
 app.command("dashboard")(dashboard)
 study_app.command("report")(study_report)
 app.command("compare")(compare)
+app.command("serve")(serve)
 
 
 
@@ -131,18 +136,19 @@ def trace_inspect(file: Annotated[Path, typer.Argument(help="A trace file.")], f
 def _trial_table(record) -> Table:
     m = record.measurement
     table = Table(title="trial", show_header=False)
-    table.add_row("command", record.serve_command)
+    # Text, not markup: the command, paths and vLLM's messages are shown as they are, brackets included.
+    table.add_row("command", Text(record.serve_command))
     table.add_row("hardware", _describe_hardware(record.hardware))
     table.add_row("vLLM", record.vllm_version)
-    table.add_row("trace", f"{record.trace['source']} ({record.trace['requests']} requests, "
-                           f"{record.trace['span_s']:.1f} s)")
+    table.add_row("trace", Text(f"{record.trace['source']} ({record.trace['requests']} requests, "
+                                f"{record.trace['span_s']:.1f} s)"))
     for step in record.trace["transformations"]:
         table.add_row("", step)
     t = record.timings
     table.add_row("time", f"startup {t.startup_s:.1f} s, replay {t.replay_s:.1f} s, teardown {t.teardown_s:.1f} s")
     if record.failure is not None:
         f = record.failure
-        table.add_row("[red]failure[/red]", f"[red]{f.kind.value}[/red]: {f.message}")
+        table.add_row("[red]failure[/red]", Text.assemble((f.kind.value, "red"), f": {f.message}"))
         if f.estimated_max_model_len is not None:
             table.add_row("estimated max model len", str(f.estimated_max_model_len))
     if m is not None:
@@ -158,7 +164,7 @@ def _trial_table(record) -> Table:
         table.add_row("KV usage peak", f"{m.kv_usage_peak:.1%}")
         table.add_row("output tokens requested / actual", f"{m.requested_output_tokens} / {m.actual_output_tokens}")
         table.add_row("send lateness p99 ms", fmt((m.send_lateness_s.p99 or 0) * 1000, 2))
-    table.add_row("server log", record.log_path)
+    table.add_row("server log", Text(record.log_path))
     return table
 
 
@@ -232,13 +238,27 @@ def _stop_on_sigterm(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
+# The exceptions of the click typer runs on (its own copy in recent typer): a usage error is one of them.
+_ClickException = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
+
+
 def main() -> None:
     signal.signal(signal.SIGTERM, _stop_on_sigterm)
     try:
-        app()
+        # Not standalone: a usage error comes here as one line, rather than as typer's boxed, wrapped panel.
+        code = app(standalone_mode=False)
+    except _ClickException as exc:
+        if type(exc).__name__ != "NoArgsIsHelpError":  # that one has printed the help already
+            ctx = getattr(exc, "ctx", None)
+            hint = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
+            err.print(f"error: {exc.format_message()}{hint}", highlight=False, soft_wrap=True, markup=False)
+        sys.exit(exc.exit_code)
     except TunerError as exc:
-        err.print(f"error: {exc}", highlight=False, soft_wrap=True)
+        # No markup: a message quotes paths and values as given, brackets included.
+        err.print(f"error: {exc}", highlight=False, soft_wrap=True, markup=False)
         sys.exit(2)
     except KeyboardInterrupt:
         err.print("interrupted: every engine was stopped")
         sys.exit(130)
+    # A command's typer.Exit(N) comes back as N; a command that returned normally exits 0.
+    sys.exit(code if isinstance(code, int) else 0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -37,6 +38,8 @@ def parse_window(text: str) -> tuple[float, float]:
         window_s = (float(start) if start.strip() else 0.0, float(end) if end.strip() else float("inf"))
     except ValueError:
         raise TunerError(f"window must be START:END in seconds, got {text!r}") from None
+    if math.isnan(window_s[0]) or math.isnan(window_s[1]):
+        raise TunerError(f"window must be START:END in seconds, got {text!r}")
     if window_s[1] <= window_s[0]:
         raise TunerError(f"window end must be after its start, got {text!r}")
     return window_s

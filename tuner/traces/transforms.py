@@ -34,6 +34,8 @@ def scale_rate(trace: Trace, factor: float) -> Trace:
     if not 0 < factor < math.inf:
         raise TunerError(f"rate scale factor must be a positive number, got {factor}")
     scaled = [replace(r, arrival_s=r.arrival_s / factor) for r in trace.requests]
+    if not all(math.isfinite(r.arrival_s) for r in scaled):
+        raise TunerError(f"rate scale factor {factor} is too small: arrival times overflow")
     changed = sum(a.arrival_s != b.arrival_s for a, b in zip(trace.requests, scaled))
     return _apply(trace, scaled, "rate_scale", {"factor": factor}, changed)
 
