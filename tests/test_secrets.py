@@ -147,3 +147,31 @@ def test_optuna_dashboard_answers(study):
         output, _ = dashboard.communicate(timeout=10)
     assert "***@127.0.0.1" in output
     assert_password_absent("the dashboard's own output", output, study["password"])
+
+
+@pytest.mark.vllm
+def test_service_answers_and_log(study):
+    from test_service import start_service, stop_service, wait_ready
+
+    port = free_port()
+    service = start_service(study["root"], port, host="127.0.0.1", token=None, storage=study["url"])
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(service, url)
+        answers = {path: httpx.get(f"{url}{path}", timeout=120) for path in (
+            "/studies", "/studies/s", "/studies/s/best", "/studies/s/report", "/studies/s/report.html",
+            "/studies/s/export", "/studies/s/export?format=csv&requests=true", "/runs", "/schedules",
+            "/openapi.json")}
+        answers["a refused create"] = httpx.post(f"{url}/studies", json={"name": "x", "space": "no-such-space"})
+        for where, response in answers.items():
+            assert response.status_code in (200, 400), (where, response.text[:300])
+            assert_password_absent(f"the service's answer to {where}", response.text, study["password"])
+        assert json.loads(answers["/studies"].text)[0]["name"] == "s"
+        for args in (("study", "list"), ("study", "status", "s"), ("study", "best", "s")):
+            shown = _tuner(*args, "--server", url)
+            assert_password_absent(f"`tuner {' '.join(args)} --server`", shown.stdout + shown.stderr,
+                                   study["password"])
+    finally:
+        assert stop_service(service) == 0
+    assert_password_absent("the service's log", (study["root"] / f"service-{port}.log").read_bytes(),
+                           study["password"])
