@@ -8,7 +8,6 @@ tests/test_search_spaces.py lists broken space files one by one; this file cover
 
 from __future__ import annotations
 
-import io
 import json
 import re
 import shlex
@@ -164,7 +163,8 @@ def test_any_selection_of_a_real_trace_gives_a_valid_trace_or_a_clear_error(choi
 
 FIELDS = [name for name in EngineConfig.__dataclass_fields__]
 JUNK = (st.none() | st.booleans() | st.integers(-3, 10**40) | st.floats(allow_nan=True, allow_infinity=True)
-        | st.text(max_size=6) | st.lists(st.integers(), max_size=2) | st.sampled_from(["$(touch x)", "a;b", "`id`", "x\ny"]))
+        | st.text(max_size=6) | st.lists(st.integers(), max_size=2)
+        | st.sampled_from(["$(touch x)", "a;b", "`id`", "x\ny"]))
 ODD_KEYS = st.text(max_size=8) | st.sampled_from(["served_model_name", "1", "a\nb", "x\ry", "$(id)"])
 SETTING_NAME = mostly(st.sampled_from(FIELDS), ODD_KEYS)
 VALUE = mostly(st.sampled_from([1, 2, 8, 64, 512, 4096, 0.5, 0.9, True, False, "auto", "bfloat16", "fp8", "float16"]),
@@ -220,10 +220,12 @@ def test_any_text_as_a_space_file_loads_or_names_the_file(tmp_path, text: str) -
     load_or_clear_error(tmp_path / "text.yaml", text)
 
 
+TINY_STEP_SPACE = "parameters:\n  gpu_memory_utilization: {type: float, low: 0.1, high: 0.9, step: 5.0e-324}\n"
+
+
 @pytest.mark.parametrize("text, expected", [
     ("parameters: " + "[" * 5000 + "]" * 5000 + "\n", "invalid YAML: nested too deeply"),
-    ("parameters:\n  gpu_memory_utilization: {type: float, low: 0.1, high: 0.9, step: 5.0e-324}\n",
-     "parameters.gpu_memory_utilization.step: 5e-324 is too small for the range 0.1 to 0.9"),
+    (TINY_STEP_SPACE, "parameters.gpu_memory_utilization.step: 5e-324 is too small for the range 0.1 to 0.9"),
     ("fixed:\n  \"a\\nb\": 1\n", "'fixed.a\\nb': unknown engine setting; known: " + ", ".join(FIELDS)),
 ])
 def test_the_space_files_fuzzing_found_are_refused_clearly(tmp_path, text: str, expected: str) -> None:
@@ -271,7 +273,8 @@ BAD_TRACES = [
     ("rate-text", AZURE_LINES.encode(), ["--rate-scale", "fast"], "Invalid value for '--rate-scale'"),
     ("max-requests-0", AZURE_LINES.encode(), ["--max-requests", "0"], "max_requests must be at least 1, got 0"),
     ("fit-crop", AZURE_LINES.encode(), ["--fit", "crop"], "fit must be one of clip, scale, got 'crop'"),
-    ("fit-context-1", AZURE_LINES.encode(), ["--fit", "clip", "--max-model-len", "1"], "max_model_len must be at least 2"),
+    ("fit-context-1", AZURE_LINES.encode(), ["--fit", "clip", "--max-model-len", "1"],
+     "max_model_len must be at least 2"),
 ]
 
 
@@ -310,7 +313,7 @@ def stored_study(tmp_path_factory, tiny_model):
     assert tuner("study", "create", "keep", *base).returncode == 0
     assert tuner("study", "enqueue", "keep", "--set", "max_num_seqs=4", "--storage", url).returncode == 0
     broken_space = root / "broken.yaml"
-    broken_space.write_text("parameters:\n  gpu_memory_utilization: {type: float, low: 0.1, high: 0.9, step: 5.0e-324}\n")
+    broken_space.write_text(TINY_STEP_SPACE)
     broken_trace = root / "broken.csv"
     broken_trace.write_text(AZURE_LINES[:-20])
     return {"url": url, "base": base, "root": root, "broken_space": str(broken_space),
@@ -318,28 +321,29 @@ def stored_study(tmp_path_factory, tiny_model):
 
 
 METACHARS = "$(touch {root}/pwned); rm -rf ~ `touch {root}/pwned` | tee {root}/pwned"
+OTHER = ["study", "create", "other", "{base}"]  # a new study, on the stored study's valid options
 # (name, arguments after `tuner`, expected text); {...} are filled from the stored study.
 BAD_COMMANDS = [
     ("create-duplicate", ["study", "create", "keep", "{base}"], "study keep already exists"),
     ("create-empty-name", ["study", "create", "", "{base}"], "name: String should have at least 1 character"),
-    ("create-window-text", ["study", "create", "other", "{base}", "--window", "abc"], "window must be START:END"),
-    ("create-window-backwards", ["study", "create", "other", "{base}", "--window", "400:300"], "window end must be after"),
-    ("create-rate-negative", ["study", "create", "other", "{base}", "--rate-scale", "-1"], "must be a positive number"),
-    ("create-rate-text", ["study", "create", "other", "{base}", "--rate-scale", "x"], "Invalid value for '--rate-scale'"),
-    ("create-max-requests-0", ["study", "create", "other", "{base}", "--max-requests", "0"], "max_requests must be at least 1"),
-    ("create-fit-crop", ["study", "create", "other", "{base}", "--fit", "crop"], "fit must be one of clip, scale"),
-    ("create-limit-nonsense", ["study", "create", "other", "{base}", "--limit", "nonsense"], "expected LIMIT=VALUE"),
-    ("create-limit-text", ["study", "create", "other", "{base}", "--limit", "ttft_p95_s=fast"],
+    ("create-window-text", [*OTHER, "--window", "abc"], "window must be START:END"),
+    ("create-window-backwards", [*OTHER, "--window", "400:300"], "window end must be after"),
+    ("create-rate-negative", [*OTHER, "--rate-scale", "-1"], "must be a positive number"),
+    ("create-rate-text", [*OTHER, "--rate-scale", "x"], "Invalid value for '--rate-scale'"),
+    ("create-max-requests-0", [*OTHER, "--max-requests", "0"], "max_requests must be at least 1"),
+    ("create-fit-crop", [*OTHER, "--fit", "crop"], "fit must be one of clip, scale"),
+    ("create-limit-nonsense", [*OTHER, "--limit", "nonsense"], "expected LIMIT=VALUE"),
+    ("create-limit-text", [*OTHER, "--limit", "ttft_p95_s=fast"],
      "limit ttft_p95_s expects a number or none"),
-    ("create-limit-unknown", ["study", "create", "other", "{base}", "--limit", "speed=1"], "unknown boundary limit 'speed'"),
-    ("create-space-unknown", ["study", "create", "other", "{base}", "--space", "h100"], "h100: no such search space file"),
-    ("create-space-broken", ["study", "create", "other", "{base}", "--space", "{broken_space}"], "is too small for the range"),
-    ("create-boundary", ["study", "create", "other", "{base}", "--boundary", "fast"], "unknown boundary 'fast'"),
-    ("create-sampler", ["study", "create", "other", "{base}", "--sampler", "anneal"], "unknown sampler 'anneal'"),
-    ("create-seed-text", ["study", "create", "other", "{base}", "--seed", "x"], "Invalid value for '--seed'"),
-    ("create-trace-missing", ["study", "create", "other", "{base}", "--trace", "{root}/absent.csv"], "cannot read the file"),
-    ("create-trace-broken", ["study", "create", "other", "{base}", "--trace", "{broken_trace}"], "broken.csv:3: 1 fields"),
-    ("create-model-missing", ["study", "create", "other", "{base}", "--model", "{root}/absent"], "not a model folder"),
+    ("create-limit-unknown", [*OTHER, "--limit", "speed=1"], "unknown boundary limit 'speed'"),
+    ("create-space-unknown", [*OTHER, "--space", "h100"], "h100: no such search space file"),
+    ("create-space-broken", [*OTHER, "--space", "{broken_space}"], "is too small for the range"),
+    ("create-boundary", [*OTHER, "--boundary", "fast"], "unknown boundary 'fast'"),
+    ("create-sampler", [*OTHER, "--sampler", "anneal"], "unknown sampler 'anneal'"),
+    ("create-seed-text", [*OTHER, "--seed", "x"], "Invalid value for '--seed'"),
+    ("create-trace-missing", [*OTHER, "--trace", "{root}/absent.csv"], "cannot read the file"),
+    ("create-trace-broken", [*OTHER, "--trace", "{broken_trace}"], "broken.csv:3: 1 fields"),
+    ("create-model-missing", [*OTHER, "--model", "{root}/absent"], "not a model folder"),
     ("run-trials-0", ["study", "run", "keep", "--trials", "0"], "Invalid value for '--trials'"),
     ("run-trials-text", ["study", "run", "keep", "--trials", "many"], "Invalid value for '--trials'"),
     ("run-parallel-0", ["study", "run", "keep", "--parallel", "0"], "Invalid value for '--parallel'"),
@@ -348,8 +352,8 @@ BAD_COMMANDS = [
     ("run-timeout-and-until", ["study", "run", "keep", "--timeout", "60", "--until", "10:00"], "not both"),
     ("run-missing-study", ["study", "run", "absent", "--trials", "1"], "no study named absent"),
     ("enqueue-unknown", ["study", "enqueue", "keep", "--set", "x=y"], "unknown engine setting 'x'"),
-    ("enqueue-no-value", ["study", "enqueue", "keep", "--set", "max_num_seqs"], "expected NAME=VALUE, got 'max_num_seqs'"),
-    ("enqueue-text", ["study", "enqueue", "keep", "--set", "max_num_seqs=many"], "max_num_seqs expects int, got 'many'"),
+    ("enqueue-no-value", ["study", "enqueue", "keep", "--set", "max_num_seqs"], "expected NAME=VALUE"),
+    ("enqueue-text", ["study", "enqueue", "keep", "--set", "max_num_seqs=many"], "expects int, got 'many'"),
     ("enqueue-zero", ["study", "enqueue", "keep", "--set", "max_num_seqs=0"], "max_num_seqs must be at least 1"),
     ("enqueue-share", ["study", "enqueue", "keep", "--set", "gpu_memory_utilization=1.5"], "must be in (0, 1]"),
     ("enqueue-missing-study", ["study", "enqueue", "absent", "--set", "max_num_seqs=2"], "no study named absent"),
@@ -358,7 +362,8 @@ BAD_COMMANDS = [
     ("enqueue-metachars-dtype", ["study", "enqueue", "keep", "--set", "dtype=" + METACHARS], "dtype must be one of"),
     ("export-format", ["study", "export", "keep", "--format", "xml"], "--format must be json or csv, got 'xml'"),
     ("status-missing-study", ["study", "status", "absent"], "no study named absent"),
-    ("trial-metachars-kv-dtype", ["trial", "run", "--set", "kv_cache_dtype=" + METACHARS], "kv_cache_dtype must be one of"),
+    ("trial-metachars-kv-dtype", ["trial", "run", "--set", "kv_cache_dtype=" + METACHARS],
+     "kv_cache_dtype must be one of"),
 ]
 
 
