@@ -7,8 +7,9 @@ from search_spaces.space import (
     SpaceContext,
     load_space,
     parse_comparison,
+    parse_space,
     shipped_spaces,
 )
 
 __all__ = ["BUILT_IN_RULES", "PLATFORMS", "SearchSpace", "SpaceContext", "load_space", "parse_comparison",
-           "shipped_spaces"]
+           "parse_space", "shipped_spaces"]

@@ -382,6 +382,11 @@ def load_space(path_or_name: str | Path) -> SearchSpace:
     return _Parser(path).space(text)
 
 
+def parse_space(text: str, source: Path) -> SearchSpace:
+    """A space from text already read (a study's stored copy); `source` names it in errors."""
+    return _Parser(source).space(text)
+
+
 class _Parser:
     """Validation of one file; every error names the file and the offending key."""
 

@@ -27,7 +27,7 @@ from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback, fail_s
 from optuna.trial import TrialState
 from sqlalchemy.exc import OperationalError
 
-from search_spaces import SearchSpace, SpaceContext, load_space
+from search_spaces import SearchSpace, SpaceContext, load_space, parse_space
 from storage import DatabaseUnreachable, Repository, StoredRequest, StoredTrial, StudySettings
 from storage.artifacts import attach_trial_artifacts
 from storage.urls import default_artifact_dir, default_storage_url
@@ -130,12 +130,10 @@ def _selection(settings: StudySettings) -> TraceSelection:
     return TraceSelection(**data)
 
 
-def _space_from_text(settings: StudySettings, scratch: Path) -> SearchSpace:
-    """The space exactly as stored with the study (the file it came from may have changed since)."""
-    scratch.mkdir(parents=True, exist_ok=True)
-    path = scratch / f"{settings.space_name}.yaml"
-    path.write_text(settings.space_text)
-    return load_space(path)
+def _stored_space(settings: StudySettings) -> SearchSpace:
+    """The space exactly as stored with the study (the file it came from may have changed since). Parsed from
+    the stored text, never through a shared scratch file: drivers starting at once would read half-written ones."""
+    return parse_space(settings.space_text, Path(f"{settings.space_name}.yaml"))
 
 
 def study_context(settings: StudySettings, plan: StoragePlan) -> StudyContext:
@@ -145,7 +143,7 @@ def study_context(settings: StudySettings, plan: StoragePlan) -> StudyContext:
         raise TunerError(f"{settings.trace_path} changed since study {settings.name!r} was created "
                          f"(sha256 {trace.sha256[:12]}, stored {settings.trace_sha256[:12]})")
     info = inspect_model(settings.model)
-    space = _space_from_text(settings, plan.artifact_dir / "spaces" / settings.name)
+    space = _stored_space(settings)
     platform = "cuda" if detect_hardware().accelerator == "cuda" else "cpu"
     return StudyContext(settings, space, boundary(settings.boundary, settings.limits), selection, trace,
                         SpaceContext.for_run(platform, info, trace, selection.fit))
@@ -532,7 +530,7 @@ def enqueue_config(name: str, plan: StoragePlan, config: EngineConfig, user_attr
     Its searched settings become the trial's parameters; settings the space fixes must agree with it."""
     repo = plan.repository()
     settings = repo.get_study(name)
-    space = _space_from_text(settings, plan.artifact_dir / "spaces" / name)
+    space = _stored_space(settings)
     values = config.to_dict()
     for key, fixed in space.fixed.items():
         if key in values and values[key] != fixed:
@@ -656,7 +654,7 @@ def warm_start(name: str, plan: StoragePlan, source: str | None = None) -> WarmS
     earlier = repo.get_study(source) if source is not None else previous_study(repo, settings, plan)
     if earlier is None:
         return None
-    space = _space_from_text(settings, plan.artifact_dir / "spaces" / name)
+    space = _stored_space(settings)
     chosen: list[tuple[int, EngineConfig]] = []
     skipped: list[str] = []
     seen: set[tuple] = set()
