@@ -389,6 +389,23 @@ def test_after_every_bad_command_the_study_still_runs_from_where_it_was(stored_s
     assert len(json.loads(status.stdout)["waiting"]) == 2  # the baseline and the enqueued configuration
 
 
+def test_names_and_paths_that_look_like_markup_are_printed_as_given(stored_study, tmp_path) -> None:
+    """Rich would read `[bold]` or `[/x]` in a study name as styling (or fail on a stray closing tag)."""
+    name = "[bold]nightly[/bold] [/x] [red]"
+    url = f"sqlite:///{tmp_path / 'markup.db'}"
+    options = [*stored_study["base"][:-2], "--storage", url]
+    created = tuner("study", "create", name, *options)
+    assert created.returncode == 0, created.stderr
+    assert f"study {name} created" in created.stdout
+    enqueued = tuner("study", "enqueue", name, "--set", "max_num_seqs=4", "--storage", url)
+    assert enqueued.returncode == 0, enqueued.stderr
+    assert f"enqueued in study {name}: {{'max_num_seqs': 4}}" in enqueued.stdout
+    listed = tuner("study", "list", "--storage", url)
+    assert listed.returncode == 0 and "[/x]" in listed.stdout, listed.stdout + listed.stderr
+    missing = tuner("study", "status", "[/absent]", "--storage", url)
+    assert_refused(missing, "no study named [/absent]")
+
+
 # --- shell metacharacters ---------------------------------------------------------------------------------
 
 SHELL_TEXT = ["$(touch pwned)", "`touch pwned`", "; touch pwned", "&& rm -rf ~", "| tee pwned", "a' b \"c", "x\ny",

@@ -10,11 +10,10 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
-from tuner.console import err, fmt, out, print_json
+from tuner.console import err, fmt, out, print_json, progress_bar
 from tuner.errors import TunerError
 from tuner.report_cli import compare, study_report
 from tuner.schedule_cli import schedule_app
@@ -93,13 +92,6 @@ CapOption = Annotated[Optional[int], typer.Option(help="Keep the first N request
 FitOption = Annotated[Optional[str], typer.Option(help="clip or scale lengths to fit max_model_len.")]
 
 
-def _selection(window: str | None, max_requests: int | None, rate_scale: float | None, fit: str | None):
-    from tuner.traces.selection import TraceSelection, parse_window
-
-    return TraceSelection(window_s=parse_window(window) if window else None, max_requests=max_requests,
-                          rate_scale=rate_scale, fit=fit)
-
-
 @trace_app.command("inspect")
 def trace_inspect(file: Annotated[Path, typer.Argument(help="A trace file.")], format: FormatOption = None,
                   window: WindowOption = None, rate_scale: RateOption = None, max_requests: CapOption = None,
@@ -107,10 +99,11 @@ def trace_inspect(file: Annotated[Path, typer.Argument(help="A trace file.")], f
                   max_model_len: Annotated[Optional[int], typer.Option(help="Context to fit lengths to.")] = None,
                   as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
     """Count, span, rate, burstiness and length percentiles of a trace (after any selection)."""
-    from tuner.traces.selection import load_trace
+    from tuner.traces.selection import TraceSelection, load_trace
     from tuner.traces.stats import trace_stats
 
-    trace = load_trace(file, _selection(window, max_requests, rate_scale, fit), max_model_len, format)
+    selection = TraceSelection.from_options(window, max_requests, rate_scale, fit)
+    trace = load_trace(file, selection, max_model_len, format)
     stats = trace_stats(trace)
     if as_json:
         return print_json({"source": str(file), "format": trace.format, "sha256": trace.sha256,
@@ -136,7 +129,6 @@ def trace_inspect(file: Annotated[Path, typer.Argument(help="A trace file.")], f
 def _trial_table(record) -> Table:
     m = record.measurement
     table = Table(title="trial", show_header=False)
-    # Text, not markup: the command, paths and vLLM's messages are shown as they are, brackets included.
     table.add_row("command", Text(record.serve_command))
     table.add_row("hardware", _describe_hardware(record.hardware))
     table.add_row("vLLM", record.vllm_version)
@@ -148,7 +140,7 @@ def _trial_table(record) -> Table:
     table.add_row("time", f"startup {t.startup_s:.1f} s, replay {t.replay_s:.1f} s, teardown {t.teardown_s:.1f} s")
     if record.failure is not None:
         f = record.failure
-        table.add_row("[red]failure[/red]", Text.assemble((f.kind.value, "red"), f": {f.message}"))
+        table.add_row(Text("failure", style="red"), Text.assemble((f.kind.value, "red"), f": {f.message}"))
         if f.estimated_max_model_len is not None:
             table.add_row("estimated max model len", str(f.estimated_max_model_len))
     if m is not None:
@@ -166,18 +158,6 @@ def _trial_table(record) -> Table:
         table.add_row("send lateness p99 ms", fmt((m.send_lateness_s.p99 or 0) * 1000, 2))
     table.add_row("server log", Text(record.log_path))
     return table
-
-
-def _default_model() -> Path:
-    """The tiny model, written on first use (a few seconds)."""
-    from tuner.models import write_tiny_model
-    from tuner.paths import default_tiny_model
-
-    folder = default_tiny_model()
-    if not (folder / "config.json").is_file():
-        with err.status(f"writing the tiny model to {folder}"):
-            write_tiny_model(folder)
-    return folder
 
 
 def _describe_hardware(hw: dict) -> str:
@@ -203,23 +183,22 @@ def trial_run(
     as_json: Annotated[bool, typer.Option("--json", help="Print the record as JSON.")] = False,
 ) -> None:
     """Launch vLLM with one configuration, replay the trace open-loop, and print what users experienced."""
-    from tuner.models import inspect_model
+    from tuner.models import default_model, inspect_model
     from tuner.paths import bundled_trace
-    from tuner.traces.selection import load_trace
+    from tuner.traces.selection import TraceSelection, load_trace
     from workers.engine_config import EngineConfig
     from workers.trial import TrialSpec, run_trial
 
     config = EngineConfig.from_assignments(set_)
-    model = model or _default_model()
+    model = model or default_model()
     trace = trace or bundled_trace()
     info = inspect_model(model)
-    loaded = load_trace(trace, _selection(window, max_requests, rate_scale, fit),
+    loaded = load_trace(trace, TraceSelection.from_options(window, max_requests, rate_scale, fit),
                         config.max_model_len or info.max_position_embeddings, format)
     out_dir = out_dir or Path("runs") / datetime.now().strftime("trial-%Y%m%d-%H%M%S")
     spec = TrialSpec(model=model, trace=loaded, config=config, out_dir=out_dir, startup_timeout_s=startup_timeout,
                      request_timeout_s=request_timeout, extra_args=tuple(engine_arg), seed=seed)
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=err, transient=True, disable=as_json) as progress:
+    with progress_bar(as_json) as progress:
         task = progress.add_task("preparing", total=len(loaded.requests))
         outcome = run_trial(spec, on_phase=lambda p: progress.update(task, description=p),
                             on_request_done=lambda _: progress.advance(task))
@@ -251,11 +230,10 @@ def main() -> None:
         if type(exc).__name__ != "NoArgsIsHelpError":  # that one has printed the help already
             ctx = getattr(exc, "ctx", None)
             hint = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
-            err.print(f"error: {exc.format_message()}{hint}", highlight=False, soft_wrap=True, markup=False)
+            err.print(f"error: {exc.format_message()}{hint}", highlight=False, soft_wrap=True)
         sys.exit(exc.exit_code)
     except TunerError as exc:
-        # No markup: a message quotes paths and values as given, brackets included.
-        err.print(f"error: {exc}", highlight=False, soft_wrap=True, markup=False)
+        err.print(f"error: {exc}", highlight=False, soft_wrap=True)
         sys.exit(2)
     except KeyboardInterrupt:
         err.print("interrupted: every engine was stopped")

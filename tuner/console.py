@@ -6,9 +6,18 @@ import json
 import sys
 
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-out = Console()
-err = Console(stderr=True)
+# No markup: what is printed quotes paths, names and vLLM's messages as given, brackets included. Styling
+# is done with rich.text.Text where wanted.
+out = Console(markup=False)
+err = Console(stderr=True, markup=False)
+
+
+def progress_bar(disable: bool) -> Progress:
+    """The bar on stderr for long work (off for --json): what is being done, done/of, time so far."""
+    return Progress(TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(),
+                    TimeElapsedColumn(), console=err, transient=True, disable=disable)
 
 
 def print_json(data: object) -> None:

@@ -92,6 +92,18 @@ def _tokenizer_corpus(lines: int = 4000, seed: int = 0) -> list[str]:
     ]
 
 
+def default_model() -> Path:
+    """The model used when none is named: the tiny one, written on first use (a few seconds)."""
+    from tuner.console import err
+    from tuner.paths import default_tiny_model
+
+    folder = default_tiny_model()
+    if not (folder / "config.json").is_file():
+        with err.status(f"writing the tiny model to {folder}"):
+            write_tiny_model(folder)
+    return folder
+
+
 def write_tiny_model(folder: str | Path, seed: int = 0) -> Path:
     """A Llama-architecture model with random weights and a byte-level BPE tokenizer trained here (~5 MB)."""
     # Imported here: torch and transformers take seconds to import and most commands never need them.

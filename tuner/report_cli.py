@@ -7,10 +7,10 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
-from tuner.console import err, fmt, out, print_json
+from tuner.console import err, fmt, out, print_json, progress_bar
 from tuner.describe import boundary_line, hardware_line
 from tuner.errors import TunerError
 from tuner.study_cli import ArtifactsOption, JsonOption, ServerOption, StorageOption, TokenFileOption
@@ -45,15 +45,15 @@ def study_report(
         return print_json({**view["summary"], "html": str(written) if written else None})
     lines = view["lines"]
     # soft_wrap: a recommendation is read and copied whole, never broken at the terminal's width.
-    out.print(f"[bold]{lines[0]}[/bold]" if view["recommended"] else f"[red]{lines[0]}[/red]", highlight=False,
+    out.print(Text(lines[0], style="bold" if view["recommended"] else "red"), highlight=False,
               soft_wrap=True)
     if view["recommended"]:
-        out.print(f"  {lines[1]}", highlight=False, soft_wrap=True, markup=False)
+        out.print(f"  {lines[1]}", highlight=False, soft_wrap=True)
         rest = lines[2:]
     else:
         rest = lines[1:]
     for line in rest:
-        out.print(line, highlight=False, soft_wrap=True, markup=False)
+        out.print(line, highlight=False, soft_wrap=True)
     base, rec = view["baseline_trial"], view["recommended_trial"]
     table = Table("", f"vLLM default (trial {base})" if base is not None else "vLLM default",
                   f"recommended (trial {rec})" if rec is not None else "recommended", "change",
@@ -62,12 +62,12 @@ def study_report(
         table.add_row(*row)
     out.print(table)
     # One line per trial rather than a wide table: it reads the same at any terminal width.
-    out.print(f"[bold]every trial of study {name}[/bold]")
+    out.print(Text(f"every trial of study {name}", style="bold"))
     shared = ", ".join(f"{k}={v}" for k, v in view["common_settings"].items())
     if shared:
-        out.print(f"  all had: {shared}", highlight=False, soft_wrap=True, markup=False)
+        out.print(f"  all had: {shared}", highlight=False, soft_wrap=True)
     for r in view["trial_rows"]:
-        out.print(_trial_line(r), highlight=False, soft_wrap=True, markup=False)
+        out.print(_trial_line(r), highlight=False, soft_wrap=True)
     if written is not None:
         out.print(f"report written to {written}")
 
@@ -99,7 +99,7 @@ def _compare_rows(result) -> list[tuple[str, list[str]]]:
             out.append("-" if m is None else fn(m))
         return out
 
-    rows = [("state", [("ok" if run.served else f"[red]{run.failure_class}[/red]") for run in result.runs])]
+    rows = [("state", [("ok" if run.served else Text(run.failure_class, style="red")) for run in result.runs])]
     rows += [
         ("preemptions", cells(lambda m: f"{m.preemptions} ({m.preemptions_per_100:.1f} per 100)")),
         ("completed / requests", cells(lambda m: f"{m.completed} / {m.requests}")),
@@ -162,22 +162,22 @@ def compare(
 
     Everything else is held equal; the table shows preemptions, completed requests, TTFT, total response
     time and queue time for each value."""
-    from tuner.cli import _default_model, _selection
     from tuner.compare import parse_vary, run_compare
+    from tuner.models import default_model
     from tuner.paths import bundled_trace
     from tuner.scoring import boundary as make_boundary
     from tuner.scoring import parse_limits
+    from tuner.traces.selection import TraceSelection
     from workers.engine_config import EngineConfig
 
     base = EngineConfig.from_assignments(set_)
     variation = parse_vary(vary, base)
     bound = make_boundary(boundary, parse_limits(limit))
-    selection = _selection(window, max_requests, rate_scale, fit)
-    model = model or _default_model()
+    selection = TraceSelection.from_options(window, max_requests, rate_scale, fit)
+    model = model or default_model()
     trace = trace or bundled_trace()
     out_dir = out_dir or Path("runs") / datetime.now().strftime("compare-%Y%m%d-%H%M%S")
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=err, transient=True, disable=as_json) as progress:
+    with progress_bar(as_json) as progress:
         task = progress.add_task("preparing", total=None)
         state = {"label": ""}
 
@@ -189,8 +189,8 @@ def compare(
             if not as_json:
                 m = run.measurement
                 what = (f"{m.completed}/{m.requests} completed, {m.preemptions} preemptions, p95 e2e "
-                        f"{fmt(m.e2e_s.p95)} s" if run.served else f"[red]{run.failure}[/red]")
-                err.print(f"{run.label}: {what}", highlight=False)
+                        f"{fmt(m.e2e_s.p95)} s" if run.served else (str(run.failure), "red"))
+                err.print(Text.assemble(f"{run.label}: ", what), highlight=False)
 
         result = run_compare(model=model, trace_path=trace, selection=selection, variation=variation,
                              base_config=base, out_dir=out_dir, boundary=bound, format=format,
@@ -212,7 +212,7 @@ def compare(
         for what, cells in _compare_rows(result):
             table.add_row(what, *cells)
         out.print(table)
-        out.print("[bold]Verdict[/bold]")
+        out.print(Text("Verdict", style="bold"))
         for line in result.verdicts:
             out.print(f"  {line}", highlight=False, soft_wrap=True)
         t = first.trace

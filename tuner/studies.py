@@ -72,7 +72,8 @@ class LocalStudies:
 
     def create(self, request: StudyRequest) -> dict:
         from storage.urls import redact_url
-        from tuner.cli import _default_model, _selection
+        from tuner.models import default_model
+        from tuner.traces.selection import TraceSelection
         from tuner.paths import bundled_trace
         from tuner.scoring import parse_limits
         from tuner.study import create_study, latest_trace, warm_start
@@ -83,8 +84,9 @@ class LocalStudies:
         if request.warm_from is not None:
             self.plan.repository().get_study(request.warm_from)  # before anything is created
         settings = create_study(
-            request.name, model=request.model or _default_model(), trace_path=trace or bundled_trace(),
-            selection=_selection(request.window, request.max_requests, request.rate_scale, request.fit),
+            request.name, model=request.model or default_model(), trace_path=trace or bundled_trace(),
+            selection=TraceSelection.from_options(request.window, request.max_requests, request.rate_scale,
+                                                  request.fit),
             space=request.space, boundary_name=request.boundary, limits=parse_limits(request.limits),
             plan=self.plan, sampler=request.sampler, seed=request.seed,
             request_timeout_s=request.request_timeout_s, startup_timeout_s=request.startup_timeout_s)

@@ -11,10 +11,9 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from tuner.console import err, out, print_json
+from tuner.console import err, out, print_json, progress_bar
 from tuner.errors import TunerError
 
 study_app = typer.Typer(help="Studies: a search over engine configurations, measured trial by trial.",
@@ -157,8 +156,7 @@ def study_run(
     if trials is None and stop_at is None:
         trials = 8
     signalled: list[str] = []  # the signal that stopped the run, if one did
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=err, transient=True, disable=as_json) as progress:
+    with progress_bar(as_json) as progress:
         overall = progress.add_task(f"study {name}: starting Ray", total=trials)
         running: dict[int, int] = {}
 
@@ -367,7 +365,7 @@ def study_best(name: Annotated[str, typer.Argument(help="The study.")], storage:
         return print_json(rec)
     m, score, trace = rec["measurement"], rec["score"], rec["trace"]
     out.print(f"Recommended for the {rec['boundary_text']} boundary (trial {rec['trial']}):")
-    out.print(f"  {rec['serve_command']}", highlight=False, soft_wrap=True, markup=False)
+    out.print(f"  {rec['serve_command']}", highlight=False, soft_wrap=True)
     out.print(f"measured on {rec['measured_on']}, vLLM {rec['vllm_version']}, trace {Path(trace['path']).name} "
               f"(sha256 {trace['sha256'][:12]}, {m.get('requests')} requests)")
     out.print(f"completed {m.get('completed')}/{m.get('requests')} at {score['completed_rps']:.3f} req/s, "

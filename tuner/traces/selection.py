@@ -25,6 +25,13 @@ class TraceSelection:
         if self.max_requests is not None and self.max_requests < 1:
             raise TunerError(f"max_requests must be at least 1, got {self.max_requests}")
 
+    @classmethod
+    def from_options(cls, window: str | None, max_requests: int | None, rate_scale: float | None,
+                     fit: str | None) -> "TraceSelection":
+        """The selection as people type it (`--window 0:600` and so on)."""
+        return cls(window_s=parse_window(window) if window else None, max_requests=max_requests,
+                   rate_scale=rate_scale, fit=fit)
+
     def to_dict(self) -> dict:
         return asdict(self)
 
