@@ -288,6 +288,12 @@ def test_trace_inspect_of_a_bad_file_or_selection_exits_2_with_one_line(tmp_path
     assert_refused(tuner("trace", "inspect", str(path), *extra), expected.format(path=path))
 
 
+def test_a_line_break_in_a_path_is_shown_escaped_on_the_one_line(tmp_path) -> None:
+    path = tmp_path / "two\nlines.csv"
+    shown = str(path).replace("\n", "\\n")
+    assert_refused(tuner("trace", "inspect", str(path)), f"{shown}: cannot read the file: No such file or directory")
+
+
 def stored_rows(url: str) -> dict[str, list]:
     """Every row of every table in the database, in a stable order."""
     engine = sa.create_engine(url)
@@ -355,6 +361,8 @@ BAD_COMMANDS = [
     ("enqueue-no-value", ["study", "enqueue", "keep", "--set", "max_num_seqs"], "expected NAME=VALUE"),
     ("enqueue-text", ["study", "enqueue", "keep", "--set", "max_num_seqs=many"], "expects int, got 'many'"),
     ("enqueue-zero", ["study", "enqueue", "keep", "--set", "max_num_seqs=0"], "max_num_seqs must be at least 1"),
+    ("enqueue-huge", ["study", "enqueue", "keep", "--set", "max_num_seqs=" + "9" * 300],
+     "max_num_seqs must be at most 2147483647, got 1e+300"),
     ("enqueue-share", ["study", "enqueue", "keep", "--set", "gpu_memory_utilization=1.5"], "must be in (0, 1]"),
     ("enqueue-missing-study", ["study", "enqueue", "absent", "--set", "max_num_seqs=2"], "no study named absent"),
     ("enqueue-metachars-name", ["study", "enqueue", "keep", "--set", "served_model_name=" + METACHARS],

@@ -221,6 +221,11 @@ def _stop_on_sigterm(signum, frame) -> None:
 _ClickException = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
 
 
+def _print_error(message: str) -> None:
+    """One line, always: a line break inside a quoted path or value is shown as \\n."""
+    err.print(f"error: {message}".replace("\r", "\\r").replace("\n", "\\n"), highlight=False, soft_wrap=True)
+
+
 def main() -> None:
     signal.signal(signal.SIGTERM, _stop_on_sigterm)
     try:
@@ -230,10 +235,10 @@ def main() -> None:
         if type(exc).__name__ != "NoArgsIsHelpError":  # that one has printed the help already
             ctx = getattr(exc, "ctx", None)
             hint = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
-            err.print(f"error: {exc.format_message()}{hint}", highlight=False, soft_wrap=True)
+            _print_error(f"{exc.format_message()}{hint}")
         sys.exit(exc.exit_code)
     except TunerError as exc:
-        err.print(f"error: {exc}", highlight=False, soft_wrap=True)
+        _print_error(str(exc))
         sys.exit(2)
     except KeyboardInterrupt:
         err.print("interrupted: every engine was stopped")

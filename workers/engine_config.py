@@ -10,6 +10,10 @@ from tuner.errors import TunerError
 
 _DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")
 _KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16")
+# vLLM and torch keep these counts in 32-bit integers; a larger value would only fail at launch. A byte count
+# may be larger, up to what a float holds exactly (8 PiB).
+_COUNT_MAX = 2**31 - 1
+_BYTES_MAX = 2**53
 
 
 @dataclass(frozen=True)
@@ -32,8 +36,13 @@ class EngineConfig:
         for name in ("max_num_seqs", "max_model_len", "max_num_batched_tokens", "block_size",
                      "kv_cache_memory_bytes", "num_gpu_blocks_override", "tensor_parallel_size"):
             value = getattr(self, name)
-            if value is not None and value < 1:
+            if value is None:
+                continue
+            if value < 1:
                 raise TunerError(f"{name} must be at least 1, got {value}")
+            most = _BYTES_MAX if name == "kv_cache_memory_bytes" else _COUNT_MAX
+            if value > most:
+                raise TunerError(f"{name} must be at most {most}, got {value if value < 1e15 else f'{value:.3g}'}")
         if self.gpu_memory_utilization is not None and not 0 < self.gpu_memory_utilization <= 1:
             raise TunerError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.dtype is not None and self.dtype not in _DTYPES:
