@@ -20,12 +20,17 @@ AZURE_CONV = TRACES / "azure_conv_2023.csv"
 
 
 def vllm_processes() -> list[psutil.Process]:
-    """Every vLLM server or engine-core process on this machine."""
+    """Every live vLLM server or engine-core process on this machine.
+
+    A zombie is left out: it has exited and holds nothing but its exit status. One whose parent died is
+    reparented to PID 1, and a container's PID 1 need not reap it."""
     found = []
-    for proc in psutil.process_iter(["name", "cmdline"]):
+    for proc in psutil.process_iter(["name", "cmdline", "status"]):
         try:
+            if proc.info["status"] == psutil.STATUS_ZOMBIE or proc.pid == os.getpid():
+                continue
             cmdline = " ".join(proc.info["cmdline"] or [])
-            if proc.pid != os.getpid() and ("vllm.entrypoints" in cmdline or (proc.info["name"] or "").startswith("VLLM")):
+            if "vllm.entrypoints" in cmdline or (proc.info["name"] or "").startswith("VLLM"):
                 found.append(proc)
         except psutil.Error:
             continue
