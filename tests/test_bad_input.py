@@ -372,6 +372,10 @@ BAD_COMMANDS = [
     ("status-missing-study", ["study", "status", "absent"], "no study named absent"),
     ("trial-metachars-kv-dtype", ["trial", "run", "--set", "kv_cache_dtype=" + METACHARS],
      "kv_cache_dtype must be one of"),
+    # Paths to write into that are files: refused before any launch, as one line.
+    ("trial-out-is-a-file", ["trial", "run", "--out", "{broken_trace}"], "File exists"),
+    ("model-tiny-into-a-file", ["model", "tiny", "{broken_trace}"], "File exists"),
+    ("model-arch-under-a-file", ["model", "arch", "llama-3.1-8b", "{broken_trace}/x"], "Not a directory"),
 ]
 
 

@@ -1,4 +1,4 @@
-"""Failure classes from exit status and log. The real-vLLM tests (test_trial_vllm, test_launch_failures) show
+"""Failure classes from exit status and log. The real-vLLM tests (test_trial_vllm, test_launch_vllm) show
 each on a real server; these pin the rules on log lines copied from vLLM 0.32.0 on this machine."""
 
 from __future__ import annotations
@@ -43,3 +43,13 @@ def test_timeout_and_unknown_crash():
     assert classify_failure(None, "loading...\n", timed_out=True).kind is FailureClass.STARTUP_TIMEOUT
     crash = classify_failure(-11, "INFO starting\nSegmentation fault\n")
     assert crash.kind is FailureClass.STARTUP_CRASH and "Segmentation fault" in crash.log_excerpt
+
+
+def test_startup_killed_without_a_log_line_is_load_oom():
+    # The out-of-memory killer sends SIGKILL and writes nothing into the engine's log.
+    log = "INFO 12-02 13:58:40 [loader.py:12] Loading weights took 3.21 seconds\n"
+    for code in (137, -9):
+        failure = classify_failure(code, log)
+        assert failure.kind is FailureClass.LOAD_OOM
+        assert "SIGKILL" in failure.message and f"exit code {code}" in failure.message
+    assert classify_failure(1, log).kind is FailureClass.STARTUP_CRASH

@@ -240,6 +240,9 @@ def main() -> None:
     except TunerError as exc:
         _print_error(str(exc))
         sys.exit(2)
+    except OSError as exc:  # a path given that cannot be written or read: "[Errno 17] File exists: 'x'"
+        _print_error(str(exc))
+        sys.exit(2)
     except KeyboardInterrupt:
         err.print("interrupted: every engine was stopped")
         sys.exit(130)

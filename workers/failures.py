@@ -44,6 +44,7 @@ _PATTERNS: list[tuple[FailureClass, re.Pattern[str]]] = [
 ]
 
 EXCERPT_LINES = 30
+SIGKILLED = (128 + 9, -9)  # exit codes of a process killed by SIGKILL (through the engine guard, or directly)
 
 
 def _excerpt(lines: list[str], hit: int | None) -> str:
@@ -80,5 +81,10 @@ def classify_failure(exit_code: int | None, log_text: str, *, timed_out: bool = 
             found = [m for m in (_KV_ESTIMATE.search(x) for x in lines) if m]
             estimate = int(found[-1].group(1)) if found else None
         return EngineFailure(kind, line[:400], exit_code, _excerpt(lines, hits[-1]), estimate)
+    if exit_code in SIGKILLED:
+        # The kernel's out-of-memory killer leaves no line in the log: only the SIGKILL it sent.
+        return EngineFailure(FailureClass.LOAD_OOM, f"the engine was killed by SIGKILL during startup (exit code "
+                             f"{exit_code}), most likely by the out-of-memory killer", exit_code,
+                             _excerpt(lines, None))
     return EngineFailure(FailureClass.STARTUP_CRASH, f"the engine exited during startup (exit code {exit_code})",
                          exit_code, _excerpt(lines, None))

@@ -20,7 +20,7 @@ import httpx
 
 from tuner.traces.records import Trace
 from workers.prompts import PromptBuilder
-from workers.server_metrics import MetricsSampler, MetricsSnapshot, TimelineSample, scrape
+from workers.server_metrics import SCRAPE_ERRORS, MetricsSampler, MetricsSnapshot, TimelineSample, scrape
 
 
 class Outcome(str, Enum):
@@ -243,12 +243,17 @@ async def replay(base_url: str, requests: list[ReplayRequest], *, timeout_s: flo
         clients = [await stack.enter_async_context(httpx.AsyncClient(limits=limits, timeout=timeout, verify=tls))
                    for _ in range(_CLIENT_POOLS)]
         metrics_client = await stack.enter_async_context(httpx.AsyncClient(timeout=5.0))
-        before = await scrape(metrics_client, base_url) if collect_metrics else None
+        lost = False
+        before = None
+        if collect_metrics:
+            try:
+                before = await scrape(metrics_client, base_url)
+            except SCRAPE_ERRORS:  # gone between /health and here: the watcher below ends the replay
+                lost = True
         sampler = MetricsSampler(metrics_client, base_url, sample_interval_s)
         live = LiveReplay(origin=time.perf_counter() + 0.05, total=len(requests))  # a moment to enter the loop
         sampler_task = asyncio.create_task(sampler.run(live.origin)) if collect_metrics else None
         halt = asyncio.Event()
-        lost = False
         stop_reason: str | None = None
         tasks: dict[int, asyncio.Task[RequestRecord]] = {}
 
@@ -308,7 +313,7 @@ async def replay(base_url: str, requests: list[ReplayRequest], *, timeout_s: flo
         if collect_metrics and not lost:
             try:
                 after = await scrape(metrics_client, base_url)
-            except httpx.HTTPError:
+            except SCRAPE_ERRORS:
                 lost = True
     for record in skipped:
         if on_done is not None:

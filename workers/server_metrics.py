@@ -102,6 +102,10 @@ class TimelineSample:
     kv_usage: float  # 0..1
 
 
+# What a read of /metrics raises when the server is dying: no answer, or a page cut short that does not parse.
+SCRAPE_ERRORS = (httpx.HTTPError, ValueError)
+
+
 @dataclass
 class MetricsSampler:
     """Samples running, waiting and KV usage every `interval_s` while a replay runs."""
@@ -118,6 +122,6 @@ class MetricsSampler:
                 snap = await scrape(self.client, self.base_url, _TIMELINE_PREFIXES)
                 self.samples.append(TimelineSample(time.perf_counter() - started, snap.value(RUNNING),
                                                    snap.value(WAITING), snap.value(KV_USAGE)))
-            except (httpx.HTTPError, ValueError):
+            except SCRAPE_ERRORS:
                 self.errors += 1  # a dying server; the replay records what users saw
             await asyncio.sleep(self.interval_s)
