@@ -29,8 +29,10 @@ import optuna
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tuner.pruning import BoundaryWatch  # noqa: E402
+from tuner.bottleneck import measurement_attrs  # noqa: E402
 from tuner.scoring import DIRECTIONS, boundary, parse_limits, score  # noqa: E402
-from tuner.study import THROUGHPUT_TIE, make_sampler  # noqa: E402
+from tuner.samplers import make_sampler  # noqa: E402
+from tuner.study import THROUGHPUT_TIE  # noqa: E402
 from tuner.traces.selection import TraceSelection, load_trace  # noqa: E402
 from workers.engine_config import EngineConfig  # noqa: E402
 from workers.measure import Measurement, Percentiles  # noqa: E402
@@ -38,7 +40,7 @@ from workers.replay import InFlight, LiveReplay, Outcome, RequestRecord  # noqa:
 from workers.trial import TrialSpec, run_trial  # noqa: E402
 
 TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "azure_conv_2023.csv"
-SELECTION = TraceSelection(max_requests=24, rate_scale=8.0, fit="clip")
+SELECTION = TraceSelection(max_requests=64, rate_scale=2.0, fit="clip")
 FIXED = dict(enforce_eager=True, max_model_len=1024, kv_cache_memory_bytes=268435456)
 GRID = {"max_num_seqs": [2, 8, 16], "num_gpu_blocks_override": [16, 48], "max_num_batched_tokens": [256, 1024]}
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -88,13 +90,16 @@ def recommended_rps(scored: list) -> float:
     return min(contenders, key=lambda s: (s.e2e_p95_s, -s.completed_rps)).completed_rps
 
 
-def search(scored: dict, sampler: str, seed: int, budget: int) -> list[float]:
+def search(grid: dict, scored: dict, sampler: str, seed: int, budget: int) -> list[float]:
     study = optuna.create_study(directions=list(DIRECTIONS), sampler=make_sampler(sampler, seed))
     seen, curve = [], []
     for _ in range(budget):
         trial = study.ask()
         params = {name: trial.suggest_categorical(name, values) for name, values in GRID.items()}
         s = scored[key(params)]
+        # The figures a study's trial leaves for the sampler (tuner.bottleneck reads them).
+        for name, value in measurement_attrs(_measurement(grid["points"][key(params)]["measurement"])).items():
+            trial.set_user_attr(name, value)
         for name, value in s.constraints.items():
             trial.set_constraint(name, value)
         study.tell(trial, list(s.objectives))
@@ -139,7 +144,7 @@ def main() -> None:
     parser.add_argument("--grid", type=Path, required=True)
     parser.add_argument("--seeds", type=int, default=10)
     parser.add_argument("--limit", action="append", default=[])
-    parser.add_argument("--samplers", default="tpe,random")
+    parser.add_argument("--samplers", default="bottleneck,tpe,random")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     if not args.grid.exists():
@@ -155,7 +160,7 @@ def main() -> None:
     result = {"grid_best_rps": best, "feasible": feasible, "budget": budget, "boundary": bound.to_dict(),
               "samplers": {}}
     for sampler in args.samplers.split(","):
-        curves = [search(scored, sampler, seed, budget) for seed in range(args.seeds)]
+        curves = [search(grid, scored, sampler, seed, budget) for seed in range(args.seeds)]
         fractions = [[c / best for c in curve] for curve in curves]
         medians = [statistics.median(f[i] for f in fractions) for i in range(budget)]
         result["samplers"][sampler] = {"median_fraction_by_trial": medians,

@@ -36,7 +36,7 @@ class StudyRequest(BaseModel):
     rate_scale: Optional[float] = None
     max_requests: Optional[int] = None
     fit: Optional[str] = None
-    sampler: str = "tpe"
+    sampler: str = "bottleneck"  # tuner.samplers.DEFAULT_SAMPLER; that module imports Optuna, this one stays light
     seed: Optional[int] = None
     request_timeout_s: float = 600.0
     startup_timeout_s: float = 600.0

@@ -31,10 +31,12 @@ from search_spaces import SearchSpace, SpaceContext, load_space, parse_space
 from storage import DatabaseUnreachable, Repository, StoredRequest, StoredTrial, StudySettings
 from storage.artifacts import attach_trial_artifacts
 from storage.urls import default_artifact_dir, default_storage_url
+from tuner.bottleneck import measurement_attrs
 from tuner.errors import NotFound, TunerError
 from tuner.hardware import detect_hardware
 from tuner.models import inspect_model
 from tuner.pruning import BoundaryWatch
+from tuner.samplers import DEFAULT_SAMPLER, make_sampler
 from tuner.scoring import DIRECTIONS, OBJECTIVE_NAMES, Boundary, Score, boundary, score
 from tuner.traces.records import Trace
 from tuner.traces.selection import TraceSelection, fit_trace, load_trace
@@ -43,7 +45,6 @@ from workers.engine_config import EngineConfig
 from workers.pool import WorkerLost, WorkerPool, WorkerResult
 from workers.trial import ARTIFACTS, TrialOutcome, TrialSpec
 
-SAMPLERS = ("tpe", "random", "nsga2")
 
 # Heartbeats and retries are marked experimental, and Optuna warns when heartbeats are used outside
 # study.optimize: this module drives them itself (see _Heartbeat), deliberately.
@@ -55,6 +56,9 @@ RERUN_ATTR = "rerun_of"  # a configuration re-run because its worker was lost or
 WARM_START_ATTR = "warm_start_from"  # a configuration carried over from an earlier study
 WINDOW_END = "stopped at the window's end"
 NO_TIME_LEFT = "no time left in the window for another trial"
+# Proposals rejected before launch cost no trial of a run's budget, up to this many in a row (a space whose
+# rules reject almost everything must still end).
+MAX_REJECTED_IN_A_ROW = 20
 # How often a run with trials in flight looks at the clock and for a stop request.
 STOP_POLL_S = 1.0
 
@@ -101,16 +105,6 @@ class StoragePlan:
                           heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=1))
 
 
-def make_sampler(name: str, seed: int | None) -> optuna.samplers.BaseSampler:
-    if name == "tpe":
-        return optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=4)
-    if name == "random":
-        return optuna.samplers.RandomSampler(seed=seed)
-    if name == "nsga2":
-        return optuna.samplers.NSGAIISampler(seed=seed, population_size=8)
-    raise TunerError(f"unknown sampler {name!r}; one of: {', '.join(SAMPLERS)}")
-
-
 @dataclass(frozen=True)
 class StudyContext:
     """A stored study made ready to run: its space, boundary and trace, checked against what was stored."""
@@ -150,7 +144,7 @@ def study_context(settings: StudySettings, plan: StoragePlan) -> StudyContext:
 
 
 def create_study(name: str, *, model: str | Path, trace_path: str | Path, selection: TraceSelection,
-                 space: str | Path, boundary_name: str, limits: dict, plan: StoragePlan, sampler: str = "tpe",
+                 space: str | Path, boundary_name: str, limits: dict, plan: StoragePlan, sampler: str = DEFAULT_SAMPLER,
                  seed: int | None = None, request_timeout_s: float = 600.0,
                  startup_timeout_s: float = 600.0) -> StudySettings:
     """Check everything a run will need, then store the study and enqueue its baseline."""
@@ -289,11 +283,7 @@ class StudyRunner:
         self.ctx = study_context(self.settings, plan)
         self.storage = plan.optuna_storage()
         self.study = optuna.load_study(study_name=name, storage=self.storage)
-        # Each run continues the seeded sequence rather than restarting it: a fixed seed in every driver
-        # would propose the first run's configurations again.
-        seed = self.settings.seed
-        self.study.sampler = make_sampler(self.settings.sampler,
-                                          None if seed is None else seed + len(self.study.trials))
+        self.study.sampler = make_sampler(self.settings.sampler, self.settings.seed)
         self.prune = prune
         self.parallel = parallel
         self.ray_address = ray_address
@@ -311,8 +301,6 @@ class StudyRunner:
         """Up to n_trials trials (None: as many as time allows). None is started that the deadline or stop_at
         (time.time()) would cut short, judged by the median time of the study's finished trials; at stop_at the
         trials still in flight are stopped."""
-        # Trials of a driver that died are failed now and re-enqueued once with the same configuration.
-        fail_stale_trials(self.study)
         report = RunReport()
         ends = [t for t in (deadline, stop_at) if t is not None]
         last_end = min(ends) if ends else None
@@ -324,7 +312,7 @@ class StudyRunner:
             free = [slot.index for slot in pool.slots]
             freed_at: dict[int, float] = {}
             in_flight: dict[ray.ObjectRef, _InFlight] = {}
-            started = 0
+            started = rejected = 0
             try:
                 while True:
                     reason = self._stop_reason or (WINDOW_END if stop_at is not None and time.time() >= stop_at
@@ -339,10 +327,17 @@ class StudyRunner:
                             report.stopped_early = NO_TIME_LEFT
                             break
                         started += 1
+                        # Trials of a driver that died (before this run or during it) are failed now and
+                        # re-enqueued once with the same configuration, so the next ask runs them again.
+                        fail_stale_trials(self.study)
                         job = self._start(pool, free[0])
                         if isinstance(job, TrialSummary):  # rejected before launch: the slot stays free
                             report.trials.append(job)
+                            rejected += 1
+                            if rejected <= MAX_REJECTED_IN_A_ROW:
+                                started -= 1  # costs no trial of the budget, as long as proposals keep coming
                             continue
+                        rejected = 0
                         job[0].slot_freed_at = freed_at.get(free[0])
                         in_flight[pool.submit(free.pop(0), job[1])] = job[0]
                     if not in_flight:
@@ -411,7 +406,9 @@ class StudyRunner:
         spec = TrialSpec(Path(self.settings.model), trace, config, self._trial_dir(number),
                          startup_timeout_s=self.settings.startup_timeout_s,
                          request_timeout_s=self.settings.request_timeout_s,
-                         stop_rule=BoundaryWatch(self.ctx.boundary, trace.span_s) if self.prune else None)
+                         # The baseline always runs to the end: every gain is measured against it.
+                         stop_rule=BoundaryWatch(self.ctx.boundary, trace.span_s)
+                         if self.prune and not baseline else None)
         # If this driver dies, the heartbeats stop and the next driver re-runs this configuration.
         beat = _Heartbeat(self.storage, trial._trial_id, self.plan.heartbeat_interval_s)
         started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
@@ -504,10 +501,7 @@ class StudyRunner:
             if scored.violations:
                 trial.set_user_attr("violations", scored.violations)
         if m is not None:
-            for key, value in (("completed", m.completed), ("requests", m.requests), ("preemptions", m.preemptions),
-                               ("ttft_p95_s", m.ttft_s.p95), ("e2e_p95_s", m.e2e_s.p95),
-                               ("output_tps", m.output_tps), ("queue_p95_s", m.queue_s_p95),
-                               ("kv_usage_peak", m.kv_usage_peak)):
+            for key, value in measurement_attrs(m).items():
                 trial.set_user_attr(key, value)
         trial.set_user_attr("startup_s", record.timings.startup_s)
         stored = StoredTrial.from_record(

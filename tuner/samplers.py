@@ -1,0 +1,75 @@
+"""The samplers a study can use, by name, and how a seed makes their proposals reproducible.
+
+A seed is applied per trial: the sampler that proposes trial N is seeded with seed + N. Trial numbers are unique
+within a study, so a second run of the study, or a second driver on the same study, never replays the proposals
+of the first, and the proposal for trial N depends only on the seed, N and the trials before it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import optuna
+from optuna.distributions import BaseDistribution
+from optuna.samplers import BaseSampler
+from optuna.study import Study
+from optuna.trial import FrozenTrial, TrialState
+
+from tuner.bottleneck import BottleneckSampler
+from tuner.errors import TunerError
+
+
+def _tpe(seed: int | None) -> BaseSampler:
+    # group: the baseline has no parameters, and without groups that empties TPE's joint search space.
+    # constant_liar: trials in flight (--parallel) count as bad, so parallel slots do not propose alike.
+    return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True, constant_liar=True,
+                                      n_startup_trials=4)
+
+
+_BUILDERS: dict[str, Callable[[int | None], BaseSampler]] = {
+    "bottleneck": lambda seed: BottleneckSampler(_tpe(seed)),
+    "tpe": _tpe,
+    "random": lambda seed: optuna.samplers.RandomSampler(seed=seed),
+    "nsga2": lambda seed: optuna.samplers.NSGAIISampler(seed=seed, population_size=8),
+}
+SAMPLERS = tuple(_BUILDERS)
+DEFAULT_SAMPLER = "bottleneck"
+
+
+class SeededPerTrial(BaseSampler):
+    """A sampler rebuilt for every trial with the seed `seed + trial number`."""
+
+    def __init__(self, build: Callable[[int | None], BaseSampler], seed: int):
+        self._build = build
+        self._seed = seed
+        self._current = build(seed)
+
+    def before_trial(self, study: Study, trial: FrozenTrial) -> None:
+        # Optuna calls this first for every new trial, before any sampling for it.
+        self._current = self._build(self._seed + trial.number)
+        self._current.before_trial(study, trial)
+
+    def infer_relative_search_space(self, study: Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
+        return self._current.infer_relative_search_space(study, trial)
+
+    def sample_relative(self, study: Study, trial: FrozenTrial,
+                        search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
+        return self._current.sample_relative(study, trial, search_space)
+
+    def sample_independent(self, study: Study, trial: FrozenTrial, param_name: str,
+                           param_distribution: BaseDistribution) -> Any:
+        return self._current.sample_independent(study, trial, param_name, param_distribution)
+
+    def after_trial(self, study: Study, trial: FrozenTrial, state: TrialState, values: Sequence[float] | None) -> None:
+        self._current.after_trial(study, trial, state, values)
+
+    def reseed_rng(self) -> None:
+        self._current.reseed_rng()
+
+
+def make_sampler(name: str, seed: int | None) -> BaseSampler:
+    if name not in _BUILDERS:
+        raise TunerError(f"unknown sampler {name!r}; one of: {', '.join(SAMPLERS)}")
+    build = _BUILDERS[name]
+    return build(None) if seed is None else SeededPerTrial(build, seed)
