@@ -21,7 +21,8 @@ case $phase in
   study)
     tuner model arch llama-3.1-8b "$model"
     # All 1,000 requests of the bundled cut at 4.5 times their recorded rate: 20.8 req/s offered for 48 s,
-    # where vLLM's default configuration (eager) nears its knee; 600 requests at 16 req/s (2026-12-02) put it under no pressure.
+    # where vLLM's default configuration (eager) nears its knee (600 requests at 16 req/s, on 2026-12-02, put it
+    # under no pressure).
     tuner study create h200-llama8b --model "$model" --space h200-llama8b --boundary interactive \
       --rate-scale 4.5 --seed 0 --startup-timeout 400 --request-timeout 300 | tee "$out/create.txt"
     tuner study run h200-llama8b --trials 12 --timeout "${STUDY_S:-420}" --json | tee "$out/run-1.json"
