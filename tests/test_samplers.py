@@ -69,6 +69,11 @@ def test_diagnosis_reads_preemptions_the_sequence_cap_and_late_first_tokens():
          ("max_num_batched_tokens",)),
         ({"preemptions": 0, "kv_usage_peak": 0.5, "waiting_peak": 0.0, "running_peak": 2.0}, 0.8,
          ("max_num_batched_tokens",)),
+        # Waiting that vLLM's queue-time histogram puts under 0.5 s at p95 is no queue worth relieving.
+        ({"preemptions": 0, "kv_usage_peak": 0.5, "waiting_peak": 6.0, "running_peak": 4.0, "queue_p95_s": 0.29},
+         -1.0, ()),
+        ({"preemptions": 0, "kv_usage_peak": 0.5, "waiting_peak": 33.0, "running_peak": 4.0, "queue_p95_s": 1.2},
+         -1.0, ("max_num_seqs",)),
         (CALM, -1.0, ()),
     ]
     for figures, ttft_over, expected in cases:

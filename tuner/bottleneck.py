@@ -30,6 +30,10 @@ from workers.measure import Measurement
 # The settings that size the KV cache, whichever of them a space searches.
 KV_SETTINGS = ("gpu_memory_utilization", "kv_cache_memory_bytes", "num_gpu_blocks_override")
 KV_FULL = 0.95  # KV-cache usage from which the cache counts as short even without a preemption
+# vLLM's p95 queue time from which waiting requests count as a queue. On the H200 a few requests waiting for a
+# moment (p95 0.29 s, the histogram's first bucket) sent the sampler after ever more batched tokens while
+# throughput fell; a queue that held the search back was 1.2 s.
+QUEUE_NOTICED_S = 0.5
 INCUMBENTS = 3  # how many of the best trials are diagnosed before handing over to TPE
 RELIEF_ATTR = "bottleneck_relief"  # system attribute of a trial this sampler proposed: which move, from which trial
 
@@ -55,7 +59,9 @@ class Diagnosis:
     def of(cls, trial: FrozenTrial) -> Diagnosis:
         a = trial.user_attrs
         kv_short = (a.get("preemptions") or 0) > 0 or (a.get("kv_usage_peak") or 0.0) >= KV_FULL
-        waited = (a.get("waiting_peak") or 0.0) > 0
+        # A queue users notice: requests waited, and (where vLLM's histogram says) for long enough to matter.
+        queue_p95 = a.get("queue_p95_s")
+        waited = (a.get("waiting_peak") or 0.0) > 0 and (queue_p95 is None or queue_p95 >= QUEUE_NOTICED_S)
         cap = trial.params.get("max_num_seqs")
         at_cap = cap is not None and (a.get("running_peak") or 0.0) >= cap
         ttft_over = trial.constraints.get("ttft_p95_s", 0.0) > 0 if trial.state == TrialState.COMPLETE else False
