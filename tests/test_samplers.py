@@ -41,7 +41,7 @@ def _suggest(study: optuna.Study) -> tuple[dict, str | None]:
               "gpu_memory_utilization": trial.suggest_float("gpu_memory_utilization", 0.2, 0.9, step=0.05),
               "max_num_batched_tokens": trial.suggest_categorical("max_num_batched_tokens", [256, 1024, 4096])}
     study.tell(trial, [0.0, 1.0])
-    return params, study.trials[-1].system_attrs.get(RELIEF_ATTR)
+    return params, study.trials[-1].user_attrs.get(RELIEF_ATTR)
 
 
 def test_raised_moves_halfway_up_on_the_distributions_grid():

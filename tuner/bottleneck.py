@@ -35,7 +35,7 @@ KV_FULL = 0.95  # KV-cache usage from which the cache counts as short even witho
 # throughput fell; a queue that held the search back was 1.2 s.
 QUEUE_NOTICED_S = 0.5
 INCUMBENTS = 3  # how many of the best trials are diagnosed before handing over to TPE
-RELIEF_ATTR = "bottleneck_relief"  # system attribute of a trial this sampler proposed: which move, from which trial
+RELIEF_ATTR = "bottleneck_relief"  # user attribute of a trial this sampler proposed: which move, from which trial
 
 
 def measurement_attrs(m: Measurement) -> dict[str, Any]:
@@ -155,8 +155,9 @@ class BottleneckSampler(BaseSampler):
         if search_space:
             move = relief_move(study.get_trials(deepcopy=False), search_space)
             if move is not None:
-                # As Optuna's own samplers do, a note beside the trial (the report and dashboard show it).
-                study._storage.set_trial_system_attr(trial._trial_id, RELIEF_ATTR, move.note)
+                # Through the storage, as Optuna's own samplers note their reasons: a user attribute, so the
+                # dashboard shows why this configuration was tried.
+                study._storage.set_trial_user_attr(trial._trial_id, RELIEF_ATTR, move.note)
                 return move.params
         return self._base.sample_relative(study, trial, self._base.infer_relative_search_space(study, trial))
 
