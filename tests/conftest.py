@@ -1,10 +1,12 @@
-"""Shared fixtures: the tiny model, the real traces, and the check that no engine outlives a test."""
+"""Shared fixtures: the tiny model, the real traces, the check that no engine outlives a test, and a watch on
+the processes a driver starts."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -35,6 +37,75 @@ def vllm_processes() -> list[psutil.Process]:
         except psutil.Error:
             continue
     return found
+
+
+def _alive(proc: psutil.Process) -> bool:
+    try:  # is_running() also checks the start time, so a reused PID is not taken for the process seen
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+class DescendantWatch(threading.Thread):
+    """Records every process below `root` while it runs (Ray's gcs_server, raylet and workers, vLLM, ...): one
+    that outlives `root` is no longer below it, so it must be seen while it is."""
+
+    def __init__(self, root: int, interval_s: float = 0.2):
+        super().__init__(daemon=True)
+        self.root, self.interval_s = psutil.Process(root), interval_s
+        self.seen: dict[int, tuple[psutil.Process, str]] = {}
+        self._done = threading.Event()
+
+    def run(self) -> None:
+        while not self._done.is_set() and _alive(self.root):
+            try:
+                below = self.root.children(recursive=True)
+            except psutil.Error:
+                break
+            for proc in below:
+                if proc.pid not in self.seen:
+                    try:
+                        self.seen[proc.pid] = (proc, " ".join(proc.cmdline())[:200] or proc.name())
+                    except psutil.Error:
+                        continue
+            self._done.wait(self.interval_s)
+
+    def stop(self) -> None:
+        self._done.set()
+        self.join(10)
+
+    def left_alive(self, grace_s: float = 10.0) -> list[tuple[int, str]]:
+        """Those seen that are still alive `grace_s` after the root exited (time for SIGTERMed ones to end)."""
+        self.stop()
+        deadline = time.monotonic() + grace_s
+        while (left := [(p.pid, cmd) for p, cmd in self.seen.values() if _alive(p)]) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        return left
+
+
+def assert_none_left(watch: DescendantWatch) -> list[str]:
+    """No process the driver started outlives it; the driver's own Ray cluster was among those watched, so an
+    empty list is not a watch that saw nothing. Returns the programs watched, for the record."""
+    left = watch.left_alive()
+    commands = [cmd for _, cmd in watch.seen.values()]
+    assert any("gcs_server" in cmd for cmd in commands) and any("raylet" in cmd for cmd in commands), commands
+    assert not left, f"{len(left)} of the driver's {len(commands)} processes outlived it: {left}"
+    return sorted(map(_program, commands))
+
+
+def _program(command: str) -> str:
+    """A short name for a command line: the binary, the Python module, script or `-c` module imported from."""
+    parts = command.split() or ["?"]
+    if "python" not in Path(parts[0]).name:
+        return Path(parts[0]).name
+    for i, part in enumerate(parts[1:], 1):
+        if part == "-m" and i + 1 < len(parts):
+            return parts[i + 1]
+        if part == "-c":
+            return parts[i + 2] if parts[i + 1:i + 2] == ["from"] and i + 2 < len(parts) else "python -c"
+        if not part.startswith("-"):
+            return Path(part).name
+    return "python"
 
 
 @pytest.fixture(scope="session")

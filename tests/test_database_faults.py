@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import optuna
@@ -13,7 +14,7 @@ import pytest
 from optuna.trial import TrialState
 from sqlalchemy.engine import make_url
 
-from conftest import AZURE_CONV, vllm_processes
+from conftest import AZURE_CONV, DescendantWatch, assert_none_left, vllm_processes
 from postgres import PostgresCluster, create_small_study
 from storage import Repository, redact_url
 from test_secrets import assert_password_absent
@@ -82,6 +83,8 @@ def test_database_lost_mid_run_stops_the_run_and_keeps_finished_trials(tiny_mode
         with open(tmp_path / "stdout", "w") as stdout, open(tmp_path / "stderr", "w") as stderr:
             driver = subprocess.Popen([sys.executable, "-m", "tuner", "study", "run", "s", "--trials", "3",
                                        "--heartbeat", "1", *common], stdout=stdout, stderr=stderr, text=True)
+        watch = DescendantWatch(driver.pid)
+        watch.start()
         deadline = time.monotonic() + 400
         while True:
             assert driver.poll() is None, (tmp_path / "stderr").read_text()[-3000:]
@@ -101,6 +104,7 @@ def test_database_lost_mid_run_stops_the_run_and_keeps_finished_trials(tiny_mode
         assert "the run stopped" in line
         print(f"driver stopped {time.monotonic() - stopped_at:.1f} s after the database: {line}")
         assert not vllm_processes(), "the engine of the trial in flight must be stopped with the run"
+        print(f"the driver's processes, none left: {sorted(Counter(assert_none_left(watch)).items())}")
 
         cluster.start()
         # The same repository as before the crash: its dropped connections are replaced, not an error.

@@ -23,7 +23,7 @@ import httpx
 import psutil
 import pytest
 
-from conftest import AZURE_CONV, REPO, run_tuner, vllm_processes
+from conftest import AZURE_CONV, REPO, DescendantWatch, assert_none_left, run_tuner, vllm_processes
 from faulty_server import (CLOSED_MIDSTREAM, EMPTY_BODY, ERROR_EVENT, FAULTS, MALFORMED_EVENT, OK,
                            RESET_BEFORE_RESPONSE, RESET_MIDSTREAM, SHORT, STALLED, STATUS_400, STATUS_429,
                            STATUS_500, STATUS_503, STATUS_OF)
@@ -133,6 +133,8 @@ def test_engines_killed_mid_replay_are_engine_died_and_the_study_goes_on(tiny_mo
               str(STUDY_REQUESTS), "--fit", "clip", "--space", str(tmp_path / "space.yaml"), "--seed", "5", *common)
     driver = subprocess.Popen([sys.executable, "-m", "tuner", "study", "run", "k", "--trials", str(KILLS + 1),
                                "--json", *common], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    watch = DescendantWatch(driver.pid)
+    watch.start()
     killer = EngineKiller(driver.pid, KILLS, KILL_SEED)
     killer.start()
     try:
@@ -144,6 +146,7 @@ def test_engines_killed_mid_replay_are_engine_died_and_the_study_goes_on(tiny_mo
             driver.kill()
             driver.wait(10)
     assert driver.returncode == 0, stderr[-3000:]
+    watched = assert_none_left(watch)
     assert killer.error is None, repr(killer.error)
     assert len(killer.kills) == KILLS
 
@@ -175,6 +178,7 @@ def test_engines_killed_mid_replay_are_engine_died_and_the_study_goes_on(tiny_mo
 
     record_property("kills", json.dumps([k.__dict__ for k in killer.kills]))
     record_property("killed_trial_outcomes", json.dumps([dict(o) for o in outcomes_of_killed]))
+    record_property("driver_processes_watched", json.dumps(Counter(watched)))
 
 
 # --- a server that answers errors or breaks its streams ----------------------------------------------------
