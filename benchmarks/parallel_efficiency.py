@@ -1,5 +1,5 @@
 """Trials per hour with 1 and 2 Ray slots on the same study, and the scheduling overhead per trial (from a
-slot freeing to the next trial reaching that slot's worker).
+slot freeing to the launch of the next trial's engine on that slot).
 
 Each run is a fresh study with the same N enqueued configurations (so both runs do the same work), the
 tiny model on the CPU build of vLLM.

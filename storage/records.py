@@ -8,7 +8,7 @@ from workers.measure import TrialRecord
 from workers.replay import RequestRecord
 
 BOUNDARIES = ("interactive", "batch")
-TRIAL_STATES = ("complete", "failed", "pruned", "infeasible", "worker_lost", "stopped")
+TRIAL_STATES = ("complete", "failed", "pruned", "infeasible", "worker_lost", "stopped", "interrupted")
 
 
 @dataclass(frozen=True)

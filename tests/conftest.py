@@ -4,6 +4,7 @@ the processes a driver starts."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -126,6 +127,13 @@ def no_engine_left_behind(request):
         time.sleep(0.2)
     left = vllm_processes()
     assert not left, f"vLLM processes left behind: {[(p.pid, p.name()) for p in left]}"
+
+
+def as_at_a_terminal() -> None:
+    """preexec_fn of a driver the tests interrupt: SIGINT at its default, as for a user pressing Ctrl-C. A shell
+    starts background jobs with SIGINT ignored and Python keeps an ignored SIGINT: a suite run in the background
+    would hand that on."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def run_tuner(*args: str) -> subprocess.CompletedProcess:

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from conftest import AZURE_CONV, vllm_processes
+from conftest import AZURE_CONV, as_at_a_terminal, vllm_processes
 from workers.engine_config import EngineConfig
 from workers.failures import FailureClass
 from workers.launch import EngineLaunchError, start_engine
@@ -49,13 +49,7 @@ def _cli_trial(tiny_model, tmp_path) -> subprocess.Popen:
         [sys.executable, "-m", "tuner", "trial", "run", "--model", str(tiny_model), "--trace", str(AZURE_CONV),
          "--max-requests", "40", "--fit", "clip", "--set", "max_model_len=1024", "--set", "enforce_eager=true",
          "--set", "kv_cache_memory_bytes=268435456", "--out", str(tmp_path), "--json"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_as_at_a_terminal)
-
-
-def _as_at_a_terminal() -> None:
-    # A shell starts background jobs with SIGINT ignored, and Python keeps an ignored SIGINT: a suite run in
-    # the background would hand that on. A user pressing Ctrl-C has it at its default.
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=as_at_a_terminal)
 
 
 def _wait_for_replay(tmp_path, proc, timeout_s=240):

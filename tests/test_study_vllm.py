@@ -7,9 +7,7 @@ import json
 import signal
 import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 
 import httpx
 import optuna
@@ -23,19 +21,9 @@ from workers.launch import free_port
 
 pytestmark = pytest.mark.vllm
 
-SPACE = """\
-name: test-study
-description: the tiny model under KV pressure, with room for proposals that must be refused or must fail
-fixed:
-  enforce_eager: true
-  max_model_len: 1024
-  kv_cache_memory_bytes: 268435456
-parameters:
-  max_num_seqs: {type: int, low: 2, high: 16}
-  num_gpu_blocks_override: {type: int, low: 4, high: 96}
-  max_num_batched_tokens: {type: categorical, choices: [8, 256, 1024, 2048]}
-"""
-# Each is run ahead of the sampler, in this order (the baseline is trial 0).
+# The shipped cpu-small space; each of these is run ahead of the sampler, in this order (the baseline is trial
+# 0). Enqueued values may lie outside the space's ranges: 8 batched tokens (below 16 sequences, refused before
+# launch) and 4 blocks of KV cache (512 tokens, too few for max_model_len 1024: kv_insufficient).
 INFEASIBLE = EngineConfig(max_num_seqs=16, max_num_batched_tokens=8, num_gpu_blocks_override=48)
 KV_INSUFFICIENT = EngineConfig(max_num_seqs=8, max_num_batched_tokens=1024, num_gpu_blocks_override=4)
 PRESSURED = EngineConfig(max_num_seqs=16, max_num_batched_tokens=1024, num_gpu_blocks_override=24)
@@ -46,17 +34,17 @@ PRESSURED = EngineConfig(max_num_seqs=16, max_num_batched_tokens=1024, num_gpu_b
 def study(tiny_model, tmp_path_factory):
     """Five trials: the baseline, three enqueued configurations and one the sampler proposes."""
     root = tmp_path_factory.mktemp("study")
-    (root / "space.yaml").write_text(SPACE)
     storage = f"sqlite:///{root / 'tuner.db'}"
     common = ["--storage", storage, "--artifacts", str(root / "artifacts")]
     tuner("study", "create", "s", "--model", str(tiny_model), "--trace", str(AZURE_CONV), "--window", "300:400",
           "--max-requests", "16",
-          "--rate-scale", "100", "--fit", "clip", "--space", str(root / "space.yaml"), "--limit", "ttft_p95_s=20",
+          "--rate-scale", "100", "--fit", "clip", "--space", "cpu-small", "--limit", "ttft_p95_s=20",
           "--limit", "e2e_p95_s=60", "--seed", "3", *common)
     plan = StoragePlan.resolve(storage, root / "artifacts")
     for config in (INFEASIBLE, KV_INSUFFICIENT, PRESSURED):
         enqueue_config("s", plan, config)
-    run = tuner("study", "run", "s", "--trials", "5", "--json", *common)
+    # Four trials of the budget and five in all: the proposal refused before launch costs none.
+    run = tuner("study", "run", "s", "--trials", "4", "--json", *common)
     return {"root": root, "storage": storage, "common": common, "plan": plan, "run": json.loads(run.stdout)}
 
 
@@ -70,7 +58,8 @@ def test_baseline_runs_first_with_vllms_defaults(study):
     first = summaries[0]
     assert first["baseline"] and first["state"] == "complete"
     # Nothing searched is set: the searched settings are vLLM's own defaults.
-    assert first["config"] == {"enforce_eager": True, "max_model_len": 1024, "kv_cache_memory_bytes": 268435456}
+    assert first["config"] == {"enforce_eager": True, "max_model_len": 1024, "kv_cache_memory_bytes": 268435456,
+                               "enable_chunked_prefill": True}
 
 
 def test_an_infeasible_proposal_is_rejected_without_launch(study):
@@ -95,7 +84,7 @@ def test_kv_insufficient_is_a_failed_trial_never_recommended(study):
     assert rec is not None and rec.trial.trial_number != 2
 
 
-def test_pareto_front_and_recommendation(study):
+def test_pareto_front_and_recommendation(study, monkeypatch):
     optuna_study = optuna.load_study(study_name="s", storage=study["storage"])
     front = optuna_study.best_trials
     assert front, "the Pareto front must not be empty"
@@ -109,6 +98,13 @@ def test_pareto_front_and_recommendation(study):
     assert best["baseline"]["trial"] == 0 and best["gain"]["completed_rps_ratio"] > 0
     text = tuner("study", "best", "s", *study["common"]).stdout
     assert "vllm serve" in text and "measured on CPU" in text and "default configuration" in text
+    # The best so far in `status` is stated with its boundary, machine, vLLM version and trace too.
+    status = json.loads(tuner("study", "status", "s", "--json", *study["common"]).stdout)
+    assert status["best"]["trial"] == best["trial"] and status["best"]["boundary_text"] == best["boundary_text"]
+    assert status["best"]["vllm_version"] == "0.32.0" and status["best"]["trace"] == best["trace"]
+    monkeypatch.setenv("COLUMNS", "400")  # the table's cells unwrapped
+    line = " ".join(tuner("study", "status", "s", *study["common"]).stdout.split())
+    assert f"meets the {best['boundary_text']} boundary; measured on CPU" in line and "vLLM 0.32.0" in line
 
 
 def test_export_holds_every_trial_with_its_measurements(study):
@@ -165,13 +161,11 @@ def test_dashboard_shows_the_pareto_front_and_trial_attributes(study):
 def test_killed_driver_resumes_keeping_finished_trials_and_rerunning_the_interrupted(study):
     before = _trials(study)
     args = ["study", "run", "s", "--trials", "1", "--heartbeat", "1", "--grace", "2", *study["common"]]
-    started = time.time()
     proc = subprocess.Popen([sys.executable, "-m", "tuner", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    # A trial's files reach the artifact store only when it ends: while it runs, its server log is in the
-    # worker's scratch folder.
+    # On local Ray the worker writes straight into the driver's artifact store: the log is there while it runs.
+    log = study["root"] / "artifacts" / "trials" / "s" / "trial-0005" / "server.log"
     deadline = time.monotonic() + 300
-    while not any(log.stat().st_mtime > started and "POST /v1/completions" in log.read_text(errors="replace")
-                  for log in Path(tempfile.gettempdir()).glob("tuner-trial-*/server.log")):
+    while not (log.exists() and "POST /v1/completions" in log.read_text(errors="replace")):
         assert proc.poll() is None and time.monotonic() < deadline, "trial 5 never reached its replay"
         time.sleep(0.5)
     proc.send_signal(signal.SIGKILL)
@@ -187,7 +181,10 @@ def test_killed_driver_resumes_keeping_finished_trials_and_rerunning_the_interru
     after = _trials(study)
     assert {n: after[n] for n in before} == before, "finished trials must be kept as they were"
     optuna_study = optuna.load_study(study_name="s", storage=study["storage"])
-    assert optuna_study.trials[5].state is optuna.trial.TrialState.FAIL and 5 not in after
+    assert optuna_study.trials[5].state is optuna.trial.TrialState.FAIL
+    # Kept in the project's tables too, so that export and reports hold every trial.
+    assert after[5].state == "interrupted" and after[5].measurement is None
+    assert "no heartbeat" in after[5].failure_message
     rerun = optuna_study.trials[6]
     assert rerun.params == optuna_study.trials[5].params and rerun.state is not optuna.trial.TrialState.RUNNING
     assert after[6].attempt == 2

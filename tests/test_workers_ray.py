@@ -1,30 +1,54 @@
-"""Trials on a real local Ray: two CPU slots run two real trials at once; a worker killed mid-trial with
-ray.kill ends its trial as worker_lost and the configuration is run again; no engine outlives any of it."""
+"""Trials on a real Ray: two CPU slots run two real trials at once; a worker killed mid-trial with ray.kill ends
+its trial as worker_lost and the configuration is run again; a SIGINT stops both trials in flight; a trial
+killed on another node of a multi-node cluster still brings its log back; no engine outlives any of it."""
 
 from __future__ import annotations
 
+import json
+import signal
+import subprocess
+import sys
 import threading
 import time
 from datetime import datetime
+from pathlib import Path
 
 import optuna
 import pytest
+import ray
 
-from conftest import AZURE_CONV, vllm_processes
+from conftest import AZURE_CONV, as_at_a_terminal, run_tuner, vllm_processes
 from storage import Repository
+from tuner.errors import TunerError
 from tuner.study import StoragePlan, StudyRunner, create_study, enqueue_config
-from tuner.traces.selection import TraceSelection
+from tuner.traces.selection import TraceSelection, load_trace
 from workers.engine_config import EngineConfig
+from workers.pool import WorkerLost, WorkerPool, _staging_dir
+from workers.trial import TrialSpec
 
 pytestmark = pytest.mark.vllm
 
+# A configuration other than the baseline, queued to run right after it.
+QUEUED = EngineConfig(max_num_seqs=8, num_gpu_blocks_override=64, max_num_batched_tokens=1024)
 
-def _study(tiny_model, tmp_path, name: str) -> StoragePlan:
+
+def _study(tiny_model, tmp_path, name: str, rate_scale: float = 100.0) -> StoragePlan:
     plan = StoragePlan.resolve(f"sqlite:///{tmp_path / 'tuner.db'}", tmp_path / "artifacts")
     create_study(name, model=tiny_model, trace_path=AZURE_CONV, space="cpu-small", boundary_name="interactive",
                  limits={"ttft_p95_s": 30.0, "e2e_p95_s": 60.0}, plan=plan, seed=0,
-                 selection=TraceSelection(max_requests=12, rate_scale=100.0, fit="clip"))
+                 selection=TraceSelection(max_requests=12, rate_scale=rate_scale, fit="clip"))
     return plan
+
+
+def _trial_dir(plan: StoragePlan, name: str, number: int) -> Path:
+    return plan.artifact_dir / "trials" / name / f"trial-{number:04d}"
+
+
+def _wait_for_log(log: Path, line: str, alive=lambda: True, timeout_s: float = 240) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not (log.exists() and line in log.read_text(errors="replace")):
+        assert alive() and time.monotonic() < deadline, f"{line!r} never reached {log}"
+        time.sleep(0.5)
 
 
 def _interval(trial) -> tuple[float, float]:
@@ -34,8 +58,7 @@ def _interval(trial) -> tuple[float, float]:
 
 def test_two_cpu_slots_run_two_real_trials_at_once(tiny_model, tmp_path):
     plan = _study(tiny_model, tmp_path, "pair")
-    enqueue_config("pair", plan, EngineConfig(max_num_seqs=8, num_gpu_blocks_override=64,
-                                              max_num_batched_tokens=1024))
+    enqueue_config("pair", plan, QUEUED)
     slots_seen = []
     report = StudyRunner("pair", plan, parallel=2,
                          on_event=lambda kind, data: slots_seen.append(data["slot"]) if kind == "trial_started" else None
@@ -45,23 +68,23 @@ def test_two_cpu_slots_run_two_real_trials_at_once(tiny_model, tmp_path):
     a, b = (_interval(t) for t in Repository(plan.url).trials("pair"))
     overlap = min(a[1], b[1]) - max(a[0], b[0])
     assert overlap > 0.5 * min(a[1] - a[0], b[1] - b[0]), "the two trials must have run concurrently"
-    # Artifacts came back from the workers into the driver's store.
+    # The artifacts are in the driver's store.
     for n in (0, 1):
-        folder = plan.artifact_dir / "trials" / "pair" / f"trial-{n:04d}"
+        folder = _trial_dir(plan, "pair", n)
         assert (folder / "server.log").stat().st_size > 0 and (folder / "requests.csv").exists()
     assert not vllm_processes()
 
 
 def test_a_worker_killed_mid_trial_is_worker_lost_and_its_configuration_reruns(tiny_model, tmp_path):
     plan = _study(tiny_model, tmp_path, "lost")
+    enqueue_config("lost", plan, QUEUED)  # trial 1, after the baseline: the one killed
     killed = threading.Event()
     pool = {}
+    scheduling_s = {}
 
     def kill_when_serving() -> None:
-        deadline = time.monotonic() + 240
-        while not any(p.name().startswith("VLLM::EngineCore") for p in vllm_processes()):
-            assert time.monotonic() < deadline
-            time.sleep(0.2)
+        # On local Ray the worker writes straight into the driver's trial folder.
+        _wait_for_log(_trial_dir(plan, "lost", 1) / "server.log", "(EngineCore pid=")
         time.sleep(5)  # mid-start or mid-replay: either way the trial is in the worker's hands
         pool["pool"].kill_worker(0)
         killed.set()
@@ -69,28 +92,33 @@ def test_a_worker_killed_mid_trial_is_worker_lost_and_its_configuration_reruns(t
     def on_event(kind: str, data: dict) -> None:
         if kind == "pool_ready":
             pool["pool"] = data["pool"]
-        elif kind == "trial_started" and data["number"] == 0:
+        elif kind == "trial_started" and data["number"] == 1:
             threading.Thread(target=kill_when_serving, daemon=True).start()
+        elif kind == "worker_done":
+            scheduling_s[data["number"]] = data["scheduling_s"]
 
-    report = StudyRunner("lost", plan, parallel=1, on_event=on_event).run(1)
+    report = StudyRunner("lost", plan, parallel=1, on_event=on_event).run(2)
     assert killed.is_set()
-    assert [(t.number, t.state) for t in report.trials] == [(0, "worker_lost"), (1, "complete")]
+    # From the slot freeing (trial 1 lost) to the re-run's engine launch: a new worker, storing and asking.
+    assert scheduling_s[0] is None and 0 < scheduling_s[2] < 60
+    assert [(t.number, t.state) for t in report.trials] == [(0, "complete"), (1, "worker_lost"), (2, "complete")]
     study = optuna.load_study(study_name="lost", storage=plan.url)
-    assert study.trials[0].state is optuna.trial.TrialState.FAIL
-    assert study.trials[1].params == study.trials[0].params
-    assert study.trials[1].user_attrs["baseline"] and study.trials[1].user_attrs["rerun_of"] == 0
+    assert study.trials[1].state is optuna.trial.TrialState.FAIL
+    searched = {"max_num_seqs": 8, "num_gpu_blocks_override": 64, "max_num_batched_tokens": 1024}
+    assert study.trials[1].params == searched and study.trials[2].params == searched
+    assert study.trials[2].user_attrs["rerun_of"] == 1 and "baseline" not in study.trials[2].user_attrs
     stored = {t.trial_number: t for t in Repository(plan.url).trials("lost")}
-    assert stored[0].state == "worker_lost" and stored[0].failure_class == "worker_lost"
-    assert stored[1].state == "complete" and stored[1].measurement["completed"] == 12
+    assert stored[1].state == "worker_lost" and stored[1].failure_class == "worker_lost"
+    assert stored[2].state == "complete" and stored[2].measurement["completed"] == 12
+    assert stored[2].engine_config["max_num_seqs"] == 8
+    # The killed trial's log, up to its engine core's start at least, is in the driver's store all the same.
+    assert "(EngineCore pid=" in (_trial_dir(plan, "lost", 1) / "server.log").read_text(errors="replace")
     assert not vllm_processes()
 
 
 def test_two_drivers_on_one_study_share_the_work_without_duplicates(tiny_model, tmp_path):
     """Two `tuner study run` processes, each with its own local Ray, on one SQLite study of four queued
     configurations: each configuration is run once and recorded once."""
-    import subprocess
-    import sys
-
     plan = _study(tiny_model, tmp_path, "shared")
     queued = [EngineConfig(max_num_seqs=n, num_gpu_blocks_override=64, max_num_batched_tokens=1024) for n in (4, 8, 16)]
     for config in queued:
@@ -107,4 +135,99 @@ def test_two_drivers_on_one_study_share_the_work_without_duplicates(tiny_model, 
     assert ran == [0, 4, 8, 16], "the baseline and each queued configuration exactly once"
     stored = Repository(plan.url).trials("shared")
     assert sorted(t.trial_number for t in stored) == [0, 1, 2, 3]
+    assert not vllm_processes()
+
+
+def test_sigint_stops_both_trials_in_flight_and_the_next_run_reruns_them(tiny_model, tmp_path):
+    # The 12 requests at half their recorded rate span about 19 s: the first trial is still replaying when the
+    # second engine is up (at a high rate a replay lasts 3 s, less than the spread of two engines' startups).
+    plan = _study(tiny_model, tmp_path, "stopped", rate_scale=0.5)
+    enqueue_config("stopped", plan, QUEUED)
+    common = ["--storage", plan.url, "--artifacts", str(plan.artifact_dir)]
+    proc = subprocess.Popen([sys.executable, "-m", "tuner", "study", "run", "stopped", "--trials", "2",
+                             "--parallel", "2", "--json", *common],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=as_at_a_terminal)
+    logs = [_trial_dir(plan, "stopped", n) / "server.log" for n in (0, 1)]
+    try:
+        for log in logs:
+            _wait_for_log(log, "Application startup complete", alive=lambda: proc.poll() is None, timeout_s=300)
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, stderr[-3000:]
+    report = json.loads(stdout)
+    reason = "the run was stopped (SIGINT)"
+    assert sorted((t["number"], t["state"], t["reason"]) for t in report["trials"]) == [(0, "stopped", reason),
+                                                                                         (1, "stopped", reason)]
+    deadline = time.monotonic() + 10
+    while vllm_processes() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not vllm_processes()
+    assert all("Application startup complete" in log.read_text(errors="replace") for log in logs)
+
+    run_tuner("study", "run", "stopped", "--trials", "2", "--parallel", "2", *common)
+    study = optuna.load_study(study_name="stopped", storage=plan.url)
+    reruns = {t.user_attrs["rerun_of"]: t for t in study.trials[2:]}
+    assert sorted(reruns) == [0, 1] and len(study.trials) == 4
+    for number, rerun in reruns.items():
+        assert rerun.state is optuna.trial.TrialState.COMPLETE and rerun.params == study.trials[number].params
+    assert reruns[1].params == {"max_num_seqs": 8, "num_gpu_blocks_override": 64, "max_num_batched_tokens": 1024}
+    assert not vllm_processes()
+
+
+def test_by_default_the_pool_takes_the_slots_free_now():
+    # Logical GPUs: Ray counts them without a device, and counting is all that is checked here.
+    with WorkerPool(tensor_parallel_size=2, local_gpus=5) as first:
+        assert [slot.gpus for slot in first.slots] == [2, 2]
+        assert all(first.node_id(slot.index) for slot in first.slots)  # both actors placed: 4 GPUs taken
+        deadline = time.monotonic() + 30
+        while ray.available_resources().get("GPU", 0) != 1:
+            assert time.monotonic() < deadline, ray.available_resources()
+            time.sleep(0.2)
+        with WorkerPool(tensor_parallel_size=1) as second:
+            assert [slot.gpus for slot in second.slots] == [1], "one GPU is free, not five"
+        with WorkerPool(3) as waiting:
+            assert len(waiting.slots) == 3, "asked for, slots wait for room the cluster has"
+        with pytest.raises(TunerError, match="room for 5"):
+            WorkerPool(6)
+        with pytest.raises(TunerError, match="free now"):
+            WorkerPool(tensor_parallel_size=2)
+    assert not ray.is_initialized()
+
+
+def test_a_trial_killed_on_another_node_is_brought_back_and_its_slot_moves_to_a_live_other_node(tiny_model,
+                                                                                                 tmp_path):
+    """Ray's own multi-node cluster on this machine: the driver's node has no CPU, so the slot's worker runs on
+    another node and writes into its staging folder there."""
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
+    first = cluster.add_node(num_cpus=1)
+    out_dir = tmp_path / "trials" / "far" / "trial-0000"
+    staged = _staging_dir(out_dir)
+    trace = load_trace(AZURE_CONV, TraceSelection(max_requests=12, rate_scale=0.5, fit="clip"), 1024)
+    config = EngineConfig(enforce_eager=True, max_model_len=1024, kv_cache_memory_bytes=268435456)
+    try:
+        with WorkerPool(1, ray_address=cluster.address) as pool:
+            lost = pool.node_id(0)
+            assert lost == first.node_id != ray.get_runtime_context().get_node_id()
+            running = pool.submit(0, TrialSpec(tiny_model, trace, config, out_dir))
+            _wait_for_log(staged / "server.log", "Application startup complete")
+            pool.kill_worker(0)
+            with pytest.raises(WorkerLost):
+                ray.get(running, timeout=60)
+            cluster.add_node(num_cpus=1)
+            deadline = time.monotonic() + 30
+            while ray.available_resources().get("CPU", 0) < 2:  # the lost node's CPU and the new node's
+                assert time.monotonic() < deadline, ray.available_resources()
+                time.sleep(0.2)
+            pool.replace_worker(0)
+            assert "Application startup complete" in (out_dir / "server.log").read_text(errors="replace")
+            assert not staged.parent.exists(), "the staging folder, and the empty ones above it, are deleted"
+            assert pool.node_id(0) not in (None, lost), "the replacement must prefer the other live node"
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
     assert not vllm_processes()

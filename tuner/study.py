@@ -24,7 +24,7 @@ import optuna
 import ray
 from optuna.exceptions import StorageInternalError
 from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback, fail_stale_trials
-from optuna.trial import TrialState
+from optuna.trial import FrozenTrial, TrialState
 from sqlalchemy.exc import OperationalError
 
 from search_spaces import SearchSpace, SpaceContext, load_space, parse_space
@@ -254,9 +254,17 @@ def _attempt(study: optuna.Study, trial: optuna.Trial) -> int:
     return len(RetryHeartbeatStaleTrialCallback.retry_history(study.get_trials(deepcopy=False)[trial.number])) + 1
 
 
-def _expected_trial_s(repo: Repository, name: str) -> float | None:
-    totals = [t.timings.get("total_s") for t in repo.trials(name) if t.timings.get("total_s")]
-    return statistics.median(totals) if totals else None
+def _expected_trial_s(repo: Repository, settings: StudySettings, trace_span_s: float) -> float:
+    """How long the next trial will likely take: the median of the study's trials that served (a launch that
+    failed fast says little); before any, of other studies' on the same model; before any, the trace's span,
+    which no trial can take less than."""
+    def served(name: str) -> list[float]:
+        return [t.timings["total_s"] for t in repo.trials(name)
+                if t.state in ("complete", "pruned") and t.timings.get("total_s")]
+
+    totals = served(settings.name) or [s for other in repo.list_studies() if other.name != settings.name
+                                       and other.model == settings.model for s in served(other.name)]
+    return statistics.median(totals) if totals else trace_span_s
 
 
 @dataclass
@@ -323,13 +331,14 @@ class StudyRunner:
                         break
                     while free and (n_trials is None or started < n_trials) and report.stopped_early is None:
                         if last_end is not None and time.time() + (
-                                _expected_trial_s(self.repo, self.settings.name) or 0.0) > last_end:
+                                _expected_trial_s(self.repo, self.settings, self.ctx.trace.span_s)) > last_end:
                             report.stopped_early = NO_TIME_LEFT
                             break
                         started += 1
                         # Trials of a driver that died (before this run or during it) are failed now and
                         # re-enqueued once with the same configuration, so the next ask runs them again.
                         fail_stale_trials(self.study)
+                        self._record_interrupted()
                         job = self._start(pool, free[0])
                         if isinstance(job, TrialSummary):  # rejected before launch: the slot stays free
                             report.trials.append(job)
@@ -355,8 +364,9 @@ class StudyRunner:
                         pool.replace_worker(job.slot)
                         started -= 1  # the re-run of a lost trial does not use up the budget
                     else:
-                        # Scheduling overhead: from the slot freeing to this trial reaching its worker.
-                        waited = None if job.slot_freed_at is None else result.received_at - job.slot_freed_at
+                        # Scheduling overhead: from the slot freeing to the launch of this trial's engine.
+                        launched, freed = result.outcome.launched_at, job.slot_freed_at
+                        waited = None if launched is None or freed is None else launched - freed
                         self._emit("worker_done", {"number": job.trial.number, "slot": job.slot,
                                                    "node": result.node, "scheduling_s": waited})
                         report.trials.append(self._finish(job, result))
@@ -380,6 +390,7 @@ class StudyRunner:
             try:
                 report.trials.append(self._finish(job, ray.get(ref)))
             except WorkerLost:
+                pool.bring_back_files(job.slot)
                 job.trial.set_user_attr("stop_reason", reason)
                 report.trials.append(self._not_finished(job, "stopped", reason))
             finally:
@@ -428,7 +439,7 @@ class StudyRunner:
         attach_trial_artifacts(self.study, job.trial, [out_dir / name for name in ARTIFACTS], self.plan.artifact_dir)
         return self._conclude(job.trial, job.config, job.baseline, outcome, job.trace)
 
-    def _not_measured(self, trial: optuna.Trial, config: EngineConfig, state: str, score: dict,
+    def _not_measured(self, trial: optuna.Trial | FrozenTrial, config: EngineConfig, state: str, score: dict,
                       failure_class: str | None = None, message: str | None = None,
                       started_at: str | None = None) -> None:
         now = datetime.now(timezone.utc).isoformat(timespec="seconds")
@@ -438,6 +449,17 @@ class StudyRunner:
             measurement=None, failure_class=failure_class, failure_message=message, log_excerpt=None,
             estimated_max_model_len=None, exit_code=None, timings={}, hardware=detect_hardware().to_dict(),
             vllm_version="", started_at=started_at or now, finished_at=now, score=score, prune_reason=None), [])
+
+    def _record_interrupted(self) -> None:
+        """Trials whose driver died mid-trial (failed by their stale heartbeat) into the project's tables, so that
+        export and reports hold every trial; their configurations run again from the queue."""
+        recorded = {t.trial_number for t in self.repo.trials(self.settings.name)}
+        for frozen in self.study.get_trials(deepcopy=False, states=(TrialState.FAIL,)):
+            if frozen.number in recorded or "engine_config" not in frozen.user_attrs:
+                continue
+            config = EngineConfig.from_dict(frozen.user_attrs["engine_config"])
+            self._not_measured(frozen, config, "interrupted", {}, message="its driver stopped before the trial "
+                               "finished (no heartbeat); the configuration is run again")
 
     def _lost(self, job: _InFlight, exc: Exception) -> TrialSummary:
         """The worker (or its node) died mid-trial: not the configuration's fault, so it is run once more."""

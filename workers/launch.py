@@ -28,10 +28,11 @@ STOP_GRACE_S = 10.0
 class EngineLaunchError(Exception):
     """The engine did not come up; `failure` says why."""
 
-    def __init__(self, failure: EngineFailure, startup_s: float):
+    def __init__(self, failure: EngineFailure, startup_s: float, launched_at: float):
         super().__init__(f"{failure.kind.value}: {failure.message}")
         self.failure = failure
         self.startup_s = startup_s
+        self.launched_at = launched_at
 
 
 @dataclass
@@ -43,6 +44,7 @@ class RunningEngine:
     base_url: str
     log_path: Path
     startup_s: float
+    launched_at: float  # time.time() just before the launch (a study's scheduling overhead ends here)
     server: psutil.Process | None = None  # the vLLM server under the guard, once it is serving
     _live: bool = field(default=True, repr=False)
 
@@ -140,12 +142,13 @@ def start_engine(model: str | Path, config: EngineConfig, log_path: str | Path, 
         # The guard leads a new session (so a group kill reaches everything the server starts) and dies,
         # taking the group with it, if this process dies. Unbuffered, so the log is live while it runs and
         # complete up to the moment a server is killed.
+        launched_at = time.time()
         process = subprocess.Popen([sys.executable, "-m", "workers.engine_guard", *argv], stdout=log,
                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                    env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
                                    start_new_session=True,
                                    preexec_fn=die_with_parent)
-    engine = RunningEngine(process, argv, f"http://127.0.0.1:{port}", log_path, 0.0)
+    engine = RunningEngine(process, argv, f"http://127.0.0.1:{port}", log_path, 0.0, launched_at)
     _LIVE.add(engine)
     try:
         healthy = _wait_healthy(process, engine.base_url, startup_timeout_s)
@@ -160,7 +163,7 @@ def start_engine(model: str | Path, config: EngineConfig, log_path: str | Path, 
     if not healthy:
         engine.stop()
         failure = classify_failure(process.returncode, engine.log_text(), timed_out=timed_out)
-        raise EngineLaunchError(failure, engine.startup_s)
+        raise EngineLaunchError(failure, engine.startup_s, launched_at)
     return engine
 
 

@@ -2,26 +2,36 @@
 
 A slot is `tensor_parallel_size` GPUs of one node (Ray sets the actor's CUDA_VISIBLE_DEVICES, and the engine
 inherits it), or a share of a machine's cores where there is no GPU. The replay client runs inside the actor,
-on the engine's node, over loopback, so the network never enters the latency figures. What a trial wrote (log,
-records) travels back with its result: nothing is left only on a worker's disk.
+on the engine's node, over loopback, so the network never enters the latency figures.
+
+What a trial writes (log, records) reaches the driver's trial folder however the trial ends. A worker on the
+driver's node writes straight into it (local Ray: nothing to copy, and a log is readable there while it runs).
+A worker on another node writes into a folder on that node named after the trial's folder (`_staging_dir`),
+whose files travel back with the result; when the worker is killed or lost instead, the driver runs a small
+task pinned to that node which sends back and deletes what was left (gone only if the node itself is gone).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
+import shutil
 import tempfile
-import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import ray
-from ray.exceptions import RayActorError
+from ray._private.state import available_resources_per_node  # public as a DeveloperAPI, not re-exported
+from ray.exceptions import RayActorError, RayError
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from tuner.errors import TunerError
 from workers.trial import ARTIFACTS, TrialOutcome, TrialSpec, run_trial
 
 WorkerLost = RayActorError  # what ray.get raises when the actor (or its node) died mid-trial
+STAGING = Path(tempfile.gettempdir()) / "tuner-trials"
+BRING_BACK_TIMEOUT_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -34,10 +44,32 @@ class Slot:
 @dataclass(frozen=True)
 class WorkerResult:
     outcome: TrialOutcome
-    files: dict[str, bytes]  # artifact name -> contents, for the driver's own artifact store
+    # artifact name -> contents, for the driver's own artifact store; empty when written there in place
+    files: dict[str, bytes]
     node: str
     slot: int
-    received_at: float  # time.time() when the worker took the trial (scheduling overhead is measured to it)
+
+
+def _staging_dir(out_dir: Path) -> Path:
+    """Where a worker off the driver's node writes a trial: the driver's trial folder mirrored under this
+    node's temporary folder, so that a driver can find what a killed trial left."""
+    return STAGING / out_dir.relative_to(out_dir.anchor)
+
+
+def _take_files(folder: Path) -> dict[str, bytes]:
+    """The trial's files in staging `folder`, which is then deleted with the folders above it left empty."""
+    files = {name: (folder / name).read_bytes() for name in ARTIFACTS if (folder / name).exists()}
+    shutil.rmtree(folder, ignore_errors=True)
+    with contextlib.suppress(OSError):  # stops at the first one not empty
+        for parent in folder.relative_to(STAGING).parents[:-1]:
+            (STAGING / parent).rmdir()
+    return files
+
+
+@ray.remote(num_cpus=0)
+def _take_leftovers(out_dir: Path) -> dict[str, bytes]:
+    """Run on a killed worker's node (its staging folder is found there, under that node's temporary folder)."""
+    return _take_files(_staging_dir(out_dir))
 
 
 def _cpu_binding(share: tuple[int, int]) -> dict[str, str]:
@@ -53,19 +85,21 @@ class TrialWorker:
     """The Ray actor of one slot. Its methods run on the actor's main thread, which the engine's
     parent-death signal is tied to: if the actor dies, so does its engine."""
 
-    def __init__(self, slot: Slot):
+    def __init__(self, slot: Slot, driver_node: str):
         self.slot = slot
         self.env = _cpu_binding(slot.cpu_share) if slot.cpu_share and slot.cpu_share[1] > 1 else {}
+        self.on_driver_node = self.node_id() == driver_node
 
-    def node(self) -> str:
-        return platform.node()
+    def node_id(self) -> str:
+        return ray.get_runtime_context().get_node_id()
 
     def run(self, spec: TrialSpec) -> WorkerResult:
-        received = time.time()
-        with tempfile.TemporaryDirectory(prefix="tuner-trial-") as tmp:
-            outcome = run_trial(replace(spec, out_dir=Path(tmp), env={**spec.env, **self.env}))
-            files = {name: (Path(tmp) / name).read_bytes() for name in ARTIFACTS if (Path(tmp) / name).exists()}
-        return WorkerResult(outcome, files, platform.node(), self.slot.index, received)
+        out_dir = spec.out_dir if self.on_driver_node else _staging_dir(spec.out_dir)
+        try:
+            outcome = run_trial(replace(spec, out_dir=out_dir, env={**spec.env, **self.env}))
+        finally:
+            files = {} if self.on_driver_node else _take_files(out_dir)
+        return WorkerResult(outcome, files, platform.node(), self.slot.index)
 
 
 def _connect(address: str | None, local_slots: int, gpus: int) -> bool:
@@ -76,8 +110,10 @@ def _connect(address: str | None, local_slots: int, gpus: int) -> bool:
     if address:
         ray.init(address=address, log_to_driver=False)
         return False
-    # Explicit resources: one CPU per slot (the engines' own threads are not Ray's to count).
-    ray.init(num_cpus=max(local_slots, 1), num_gpus=gpus, include_dashboard=False, log_to_driver=False)
+    # Explicit resources: one CPU per slot (the engines' own threads are not Ray's to count). address="local":
+    # a new cluster of our own, never one that `ray start` left recorded on this machine.
+    ray.init(address="local", num_cpus=max(local_slots, 1), num_gpus=gpus, include_dashboard=False,
+             log_to_driver=False)
     return True
 
 
@@ -90,31 +126,79 @@ class WorkerPool:
         wanted = parallel or 0
         self._owned = _connect(ray_address, wanted or 1, local_gpus)
         cluster = ray.cluster_resources()
-        gpu_slots = int(cluster.get("GPU", 0)) // self.tp
-        if gpu_slots:
-            count = min(wanted, gpu_slots) if wanted else gpu_slots
+        gpu_capacity = int(cluster.get("GPU", 0)) // self.tp
+        if gpu_capacity:
+            # By default the slots free now; a slot's GPUs must all be on one node.
+            count = wanted or sum(int(free.get("GPU", 0)) // self.tp
+                                  for free in available_resources_per_node().values())
+            if not count:
+                raise TunerError(f"no {self.tp} GPUs of one node are free now; --parallel N waits for N slots")
+            if count > gpu_capacity:
+                raise TunerError(f"{count} slots asked for, the Ray cluster has room for {gpu_capacity} "
+                                 f"(GPUs: {int(cluster.get('GPU', 0))}, tensor_parallel_size {self.tp})")
             self.slots = [Slot(i, self.tp) for i in range(count)]
         else:
-            count = wanted or 1
+            count = wanted or 1  # one engine on all of a machine's cores, unless asked otherwise
             if count > int(cluster.get("CPU", 0)):
                 raise TunerError(f"{count} CPU slots asked for, the Ray cluster has {int(cluster.get('CPU', 0))} CPUs")
             self.slots = [Slot(i, 0, (i, count)) for i in range(count)]
-        if wanted and wanted > count:
-            raise TunerError(f"{wanted} slots asked for, the Ray cluster has room for {count} "
-                             f"(GPUs: {int(cluster.get('GPU', 0))}, tensor_parallel_size {self.tp})")
-        self._actors = {slot.index: self._spawn(slot) for slot in self.slots}
+        self._driver_node = ray.get_runtime_context().get_node_id()
+        self._actors: dict[int, ray.actor.ActorHandle] = {}
+        self._nodes: dict[int, ray.ObjectRef] = {}  # slot -> its actor's node id, asked for on creation
+        self._out_dirs: dict[int, Path] = {}  # slot -> the driver's folder of the trial it was last given
+        for slot in self.slots:
+            self._spawn(slot)
 
-    def _spawn(self, slot: Slot):
+    def _spawn(self, slot: Slot, prefer_node: str | None = None) -> None:
         options = {"num_gpus": slot.gpus, "num_cpus": 0 if slot.gpus else 1, "max_restarts": 0,
                    "max_concurrency": 1}
-        return ray.remote(TrialWorker).options(**options).remote(slot)
+        if prefer_node is not None:
+            options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(prefer_node, soft=True)
+        actor = ray.remote(TrialWorker).options(**options).remote(slot, self._driver_node)
+        self._actors[slot.index] = actor
+        self._nodes[slot.index] = actor.node_id.remote()  # runs before any trial: actor calls run in order
+
+    def node_id(self, slot: int) -> str | None:
+        """The Ray node of the slot's actor (also once the actor is dead); None if it never started."""
+        try:
+            return ray.get(self._nodes[slot], timeout=BRING_BACK_TIMEOUT_S)
+        except RayError:
+            return None
 
     def submit(self, slot: int, spec: TrialSpec) -> ray.ObjectRef:
+        # Absolute: a worker on this node writes there, from its own working folder.
+        spec = replace(spec, out_dir=spec.out_dir.absolute())
+        self._out_dirs[slot] = spec.out_dir
         return self._actors[slot].run.remote(spec)
 
+    def bring_back_files(self, slot: int) -> None:
+        """Into the driver's trial folder, what the slot's last trial left on its worker's node, once that worker
+        was killed or lost. Nothing to do on the driver's node (the files are already there) or for a node that
+        is gone (so are they)."""
+        node, out_dir = self.node_id(slot), self._out_dirs.get(slot)
+        if node is None or node == self._driver_node or out_dir is None:
+            return
+        if not any(n["NodeID"] == node and n["Alive"] for n in ray.nodes()):
+            return
+        task = _take_leftovers.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False))
+        try:
+            files = ray.get(task.remote(out_dir), timeout=BRING_BACK_TIMEOUT_S)
+        except RayError:  # the node went away meanwhile
+            return
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for name, data in files.items():
+            (out_dir / name).write_bytes(data)
+
     def replace_worker(self, slot: int) -> None:
-        """A new actor for a slot whose worker was lost (on whatever node has room)."""
-        self._actors[slot] = self._spawn(self.slots[slot])
+        """A new actor for a slot whose worker was lost, once what its trial left is brought back: preferably on
+        another node with room (Ray has no anti-affinity: a soft affinity to such a node), else wherever Ray
+        finds room, the same node included."""
+        self.bring_back_files(slot)
+        lost = self.node_id(slot)
+        need = ("GPU", self.slots[slot].gpus) if self.slots[slot].gpus else ("CPU", 1)
+        others = [node for node, free in available_resources_per_node().items()
+                  if node != lost and free.get(need[0], 0) >= need[1]]
+        self._spawn(self.slots[slot], others[0] if others else None)
 
     def kill_worker(self, slot: int) -> None:
         ray.kill(self._actors[slot], no_restart=True)

@@ -42,6 +42,7 @@ class TrialOutcome:
     record: TrialRecord
     requests: list[RequestRecord]
     timeline: list[TimelineSample] = field(default_factory=list)  # vLLM's running, waiting, KV usage
+    launched_at: float | None = None  # time.time() just before the engine's launch
 
 
 def vllm_version() -> str:
@@ -83,7 +84,7 @@ def run_trial(spec: TrialSpec, *, on_request_done: Callable[[RequestRecord], Non
     except EngineLaunchError as exc:
         record = TrialRecord(**base, timings=TrialTimings(exc.startup_s, 0.0, 0.0), measurement=None,
                              failure=exc.failure)
-        return _finish(spec, TrialOutcome(record, []))
+        return _finish(spec, TrialOutcome(record, [], launched_at=exc.launched_at))
     replay_started = time.monotonic()
     failure = None
     measurement: Measurement | None = None
@@ -101,7 +102,7 @@ def run_trial(spec: TrialSpec, *, on_request_done: Callable[[RequestRecord], Non
         teardown_s = engine.stop()
     record = TrialRecord(**base, argv=engine.argv, timings=TrialTimings(engine.startup_s, replay_s, teardown_s),
                          measurement=measurement, failure=failure, stop_reason=result.stop_reason)
-    return _finish(spec, TrialOutcome(record, requests, timeline))
+    return _finish(spec, TrialOutcome(record, requests, timeline, engine.launched_at))
 
 
 def _finish(spec: TrialSpec, outcome: TrialOutcome) -> TrialOutcome:
