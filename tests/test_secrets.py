@@ -8,7 +8,9 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 from urllib.parse import quote, quote_plus
 
 import httpx
@@ -149,8 +151,17 @@ def test_optuna_dashboard_answers(study):
     assert_password_absent("the dashboard's own output", output, study["password"])
 
 
+@pytest.fixture
+def ray_temp_dir(monkeypatch):
+    """RAY_TMPDIR of this test's own, so that the Ray session kept there is that of the service it starts. Short:
+    Ray's Unix sockets are made under it."""
+    with tempfile.TemporaryDirectory(prefix="ray-", dir="/tmp", ignore_cleanup_errors=True) as folder:
+        monkeypatch.setenv("RAY_TMPDIR", folder)
+        yield Path(folder)
+
+
 @pytest.mark.vllm
-def test_service_answers_and_log(study):
+def test_service_answers_and_log(study, ray_temp_dir):
     from test_service import start_service, stop_service, wait_ready
 
     port = free_port()
@@ -163,10 +174,23 @@ def test_service_answers_and_log(study):
             "/studies/s/export", "/studies/s/export?format=csv&requests=true", "/runs", "/schedules",
             "/openapi.json")}
         answers["a refused create"] = httpx.post(f"{url}/studies", json={"name": "x", "space": "no-such-space"})
+        # A run: its process gets the URL from the service, and writes its progress and result where it can be read.
+        answers["a run's start"] = httpx.post(f"{url}/studies/s/runs", json={"trials": 1}, timeout=120)
+        run_id = answers["a run's start"].json()["id"]
+        deadline = time.monotonic() + 600
+        while (run := httpx.get(f"{url}/runs/{run_id}", timeout=120)).json()["state"] == "running":
+            assert time.monotonic() < deadline, "the run did not end"
+            time.sleep(1)
+        answers["/runs/{id} (the run ended)"], answers["/runs (the run ended)"] = run, httpx.get(f"{url}/runs")
+        assert run.json()["state"] == "finished" and run.json()["progress"] == {"done": 1, "of": 1}, run.text
         for where, response in answers.items():
-            assert response.status_code in (200, 400), (where, response.text[:300])
+            assert response.status_code in (200, 202, 400), (where, response.text[:300])
             assert_password_absent(f"the service's answer to {where}", response.text, study["password"])
         assert json.loads(answers["/studies"].text)[0]["name"] == "s"
+        run_files = list((study["root"] / "artifacts" / "runs" / run_id).iterdir())
+        assert {path.name for path in run_files} == {"events.jsonl", "stdout.json", "stderr.log"}
+        for path in run_files:
+            assert_password_absent(str(path), path.read_bytes(), study["password"])
         for args in (("study", "list"), ("study", "status", "s"), ("study", "best", "s")):
             shown = _tuner(*args, "--server", url)
             assert_password_absent(f"`tuner {' '.join(args)} --server`", shown.stdout + shown.stderr,
@@ -175,3 +199,8 @@ def test_service_answers_and_log(study):
         assert stop_service(service) == 0
     assert_password_absent("the service's log", (study["root"] / f"service-{port}.log").read_bytes(),
                            study["password"])
+    # Ray's logs of the session: the Serve controller's and replica's, the run's driver, its trial's worker.
+    ray_logs = [path for path in (ray_temp_dir / "ray" / "session_latest" / "logs").rglob("*") if path.is_file()]
+    assert any(path.parent.name == "serve" and path.name.startswith("replica_tuner_") for path in ray_logs), ray_logs
+    for path in ray_logs:
+        assert_password_absent(f"Ray's log {path}", path.read_bytes(), study["password"])

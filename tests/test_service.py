@@ -1,18 +1,23 @@
 """The tuner service for real: `tuner serve` on Ray Serve, bound off loopback with a bearer token; the study
 commands through `--server`; two real trials run by the service; best and report over HTTP; schemathesis
-against the OpenAPI spec."""
+against the OpenAPI spec; by default loopback only, the service and its Ray cluster."""
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
+import signal
+import socket
 import subprocess
 import sys
 import time
 from datetime import datetime
 from pathlib import Path
 
+import grpc
 import httpx
+import psutil
 import pytest
 
 from conftest import AZURE_CONV, run_tuner as tuner
@@ -23,13 +28,15 @@ pytestmark = pytest.mark.vllm
 TOKEN = "test-token-5f0c"
 
 
-def start_service(root: Path, port: int, *, host: str = "0.0.0.0", token: str | None = TOKEN,
-                  storage: str | None = None) -> subprocess.Popen:
+def start_service(root: Path, port: int, *, host: str | None = "0.0.0.0", token: str | None = TOKEN,
+                  token_file: Path | None = None, storage: str | None = None) -> subprocess.Popen:
+    """`tuner serve` on `port`: on `host` (None: its default), the token from TUNER_API_TOKEN or `token_file`."""
     env = {k: v for k, v in os.environ.items() if k not in ("TUNER_API_TOKEN", "TUNER_API_TOKEN_FILE")}
     if token:
         env["TUNER_API_TOKEN"] = token
+    options = (["--host", host] if host else []) + (["--token-file", str(token_file)] if token_file else [])
     log = open(root / f"service-{port}.log", "ab")
-    return subprocess.Popen([sys.executable, "-m", "tuner", "serve", "--host", host, "--port", str(port),
+    return subprocess.Popen([sys.executable, "-m", "tuner", "serve", *options, "--port", str(port),
                              "--storage", storage or f"sqlite:///{root / 'tuner.db'}",
                              "--artifacts", str(root / "artifacts")],
                             stdout=log, stderr=subprocess.STDOUT, env=env)
@@ -68,8 +75,9 @@ def service(tmp_path_factory):
         assert stop_service(current["proc"]) == 0  # the restart test replaces it
 
 
-def remote(service, *args: str, token: str | None = TOKEN, check: bool = True) -> subprocess.CompletedProcess:
-    env = {**os.environ, "TUNER_API_TOKEN": token or ""}
+def remote(service, *args: str, token: str | None = TOKEN, check: bool = True,
+           extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "TUNER_API_TOKEN": token or "", **(extra_env or {})}
     result = subprocess.run([sys.executable, "-m", "tuner", *args, "--server", service["url"]], capture_output=True,
                             text=True, timeout=900, env=env)
     if check:
@@ -82,6 +90,71 @@ def test_off_loopback_without_a_token_the_service_refuses_to_start(tmp_path):
     assert start_service(tmp_path, port, token=None).wait(60) == 2
     log = (tmp_path / f"service-{port}.log").read_text()
     assert "refusing to serve on 0.0.0.0 without a token" in log and "Traceback" not in log
+
+
+def an_address_other_than_loopback() -> str:
+    for addresses in psutil.net_if_addrs().values():
+        for address in addresses:
+            if address.family == socket.AF_INET and not ipaddress.ip_address(address.address).is_loopback:
+                return address.address
+    pytest.skip("this machine has no address but loopback")
+
+
+def is_loopback_address(ip: str) -> bool:
+    address = ipaddress.ip_address(ip)
+    return (getattr(address, "ipv4_mapped", None) or address).is_loopback  # ::ffff:127.0.0.1 too
+
+
+def test_by_default_the_service_and_its_ray_answer_on_loopback_only_and_the_token_is_read_from_a_file(tmp_path):
+    file_token = "file-token-9d41c7"
+    token_file = tmp_path / "token"
+    token_file.write_text(f"{file_token}\n")
+    port = free_port()
+    proc = start_service(tmp_path, port, host=None, token=None, token_file=token_file)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(proc, url)
+        other_address = an_address_other_than_loopback()
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(f"http://{other_address}:{port}/healthz", timeout=5)
+        # Every socket the service and its local Ray cluster listen on, Ray's own servers among them.
+        tree = {proc.pid} | {p.pid for p in psutil.Process(proc.pid).children(recursive=True)}
+        listening = {(c.laddr.ip, c.laddr.port, psutil.Process(c.pid).name()) for c in psutil.net_connections("inet")
+                     if c.status == psutil.CONN_LISTEN and c.pid in tree}
+        assert {"gcs_server", "raylet"} <= {name for _, _, name in listening}, listening
+        assert any(listened_port == port for _, listened_port, _ in listening), listening
+        # All on loopback but one: Ray Serve binds its replica's inter-deployment gRPC server to [::] whatever
+        # the node's address; Ray's token authentication refuses whoever calls it without Ray's token.
+        open_to_others = [s for s in listening if not is_loopback_address(s[0])]
+        assert [name for _, _, name in open_to_others] == ["ray::ServeReplica:tuner:tuner-api"], listening
+        with grpc.insecure_channel(f"{other_address}:{open_to_others[0][1]}") as channel:
+            with pytest.raises(grpc.RpcError) as refused_call:
+                channel.unary_unary("/ray.serve.ASGIService/HandleRequest")(b"", timeout=10)
+        assert refused_call.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        # The service's token is the file's (TUNER_API_TOKEN is unset), and so is the command line's.
+        assert httpx.get(f"{url}/studies").status_code == 401
+        assert httpx.get(f"{url}/studies", headers={"Authorization": f"Bearer {file_token}"}).json() == []
+        here = {"url": url}
+        by_env = remote(here, "study", "list", "--json", token=None,
+                        extra_env={"TUNER_API_TOKEN_FILE": str(token_file)})
+        by_option = remote(here, "study", "list", "--json", "--token-file", str(token_file), token=None)
+        assert json.loads(by_env.stdout) == json.loads(by_option.stdout) == []
+        refused = remote(here, "study", "list", token=None, check=False)
+        assert refused.returncode == 2 and "refused the request" in refused.stderr
+    finally:
+        assert stop_service(proc) == 0
+    assert file_token not in (tmp_path / f"service-{port}.log").read_text()
+
+
+@pytest.mark.parametrize("option", [["--ray-address", "127.0.0.1:6379"], ["--heartbeat", "5"], ["--grace", "60"]])
+def test_run_options_the_service_does_not_take_are_refused_with_server(option):
+    # Refused before any request: nothing listens on port 9.
+    refused = subprocess.run([sys.executable, "-m", "tuner", "study", "run", "svc", *option, "--server",
+                              "http://127.0.0.1:9"], capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2
+    (line,) = refused.stderr.strip().splitlines()
+    assert line.startswith(f"error: Invalid value: {option[0]} cannot be used with --server: the service's runs "
+                           f"use its own Ray cluster and settings"), line
 
 
 def test_requests_without_the_token_are_refused_and_with_it_accepted(service):
@@ -142,18 +215,39 @@ def test_best_and_report_over_http_match_the_command_line_here(service, served_s
     assert missing.returncode == 2 and missing.stderr.strip() == "error: no study named nope"
 
 
-def test_a_run_stopped_through_the_service_leaves_no_engine(service, served_study):
+def wait_for_a_trial_in_flight(http: httpx.Client, run_id: str | None = None, timeout_s: float = 240) -> dict:
+    """The run (`run_id`, else the one running) once it has a trial in flight."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        runs = [http.get(f"/runs/{run_id}").json()] if run_id else http.get("/runs").json()
+        running = [r for r in runs if r["state"] == "running" and r["in_flight"]]
+        if running:
+            return running[0]
+        assert time.monotonic() < deadline, f"no run started a trial: {runs}"
+        time.sleep(0.5)
+
+
+def test_ctrl_c_on_a_run_through_the_service_stops_it_there_and_waits_for_its_result(service, served_study):
     http = service["http"]
-    run = http.post("/studies/svc/runs", json={"trials": 3}).json()
-    deadline = time.monotonic() + 240
-    while not http.get(f"/runs/{run['id']}").json()["in_flight"]:
-        assert time.monotonic() < deadline, "the run never started a trial"
-        time.sleep(0.5)
-    http.post(f"/runs/{run['id']}/stop")
-    while (state := http.get(f"/runs/{run['id']}").json())["state"] == "running":
-        assert time.monotonic() < deadline + 120, "the run did not stop"
-        time.sleep(0.5)
-    assert state["state"] == "stopped" and state["progress"]["done"] < 3
+    # RAY_ADDRESS in the environment is not --ray-address: it is no reason to refuse a run on the service.
+    env = {**os.environ, "TUNER_API_TOKEN": TOKEN, "RAY_ADDRESS": "127.0.0.1:9"}
+    cli = subprocess.Popen([sys.executable, "-m", "tuner", "study", "run", "svc", "--trials", "3", "--server",
+                            service["url"]], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        run = wait_for_a_trial_in_flight(http)
+        cli.send_signal(signal.SIGINT)
+        stdout, stderr = cli.communicate(timeout=300)
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+    assert cli.returncode == 130, stderr[-3000:]
+    ended = http.get(f"/runs/{run['id']}").json()
+    assert ended["state"] == "stopped" and ended["progress"]["done"] < 3, ended
+    # What a local run prints when stopped: each trial's line, the stopped one among them, and why it stopped.
+    stopped = [t for t in ended["result"]["trials"] if t["state"] == "stopped"]
+    assert stopped and f"trial {stopped[0]['number']}: stopped: the run was stopped" in stderr, stderr[-3000:]
+    assert f"stopped after {len(ended['result']['trials'])} trials: the run was stopped" in stdout, stdout
+    assert "Traceback" not in stderr
     assert http.get("/runs/nope").status_code == 404
 
 
@@ -208,3 +302,28 @@ def test_a_schedule_fires_honours_its_window_and_outlives_a_restart_of_the_servi
     assert listed["name"] == "nightly" and listed["next_run"] and listed["last_run"]["id"] >= run["id"]
     assert service["http"].delete("/schedules/nightly").json() == {"removed": "nightly"}
     assert service["http"].get("/schedules").json() == []
+
+
+def has_exited(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() == psutil.STATUS_ZOMBIE  # reparented, it may never be reaped
+    except psutil.NoSuchProcess:
+        return True
+
+
+def test_a_run_dies_with_the_service_replica_that_started_it(service, served_study):
+    http = service["http"]
+    run = http.post("/studies/svc/runs", json={"trials": 3}).json()
+    wait_for_a_trial_in_flight(http, run["id"])
+    below = psutil.Process(service["proc"].pid).children(recursive=True)
+    (replica,) = [p for p in below if "ServeReplica:tuner:tuner-api" in " ".join(p.cmdline())]
+    (run_process,) = [p for p in replica.children() if "study run svc" in " ".join(p.cmdline())]
+    replica.kill()  # no __del__, no stop_all: only the kernel can tell the run
+    deadline = time.monotonic() + 120
+    while not has_exited(run_process):
+        assert time.monotonic() < deadline, "the run outlived the replica that started it"
+        time.sleep(0.5)
+    # Serve starts a replica in its place. The run was told by SIGTERM, so it stopped its trial and recorded it
+    # rather than leaving it running.
+    wait_ready(service["proc"], service["url"])
+    assert http.get("/studies/svc").json()["running"] == []

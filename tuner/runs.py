@@ -12,10 +12,12 @@ import sys
 import threading
 import time
 import uuid
+from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from tuner.errors import NotFound
+from workers.process_group import die_with_parent
 
 STOP_WAIT_S = 60.0  # a stopped run gets this long to stop its engines before it is killed
 
@@ -102,14 +104,31 @@ class RunBook:
         folder.mkdir(parents=True)
         argv = study_run_argv(study, trials=trials, window_s=window_s, timeout_s=timeout_s, parallel=parallel,
                               prune=prune, events=folder / "events.jsonl")
-        with open(folder / "stdout.json", "wb") as stdout, open(folder / "stderr.log", "wb") as stderr:
-            process = subprocess.Popen(argv, stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL,
-                                       env=run_env(self.plan))
-        run = _Run(RunRecord(run_id, study, trials, time.time()), process, folder)
+        launched: Future[_Run] = Future()
+        # The run's own thread starts it and waits for it: the run is told to stop (SIGTERM) when that thread
+        # exits (die_with_parent), so with the service, not with this request's worker thread, which the server
+        # may retire at any time.
+        threading.Thread(target=self._launch_and_await, args=(RunRecord(run_id, study, trials, time.time()), argv,
+                                                               folder, launched),
+                         daemon=True, name=f"run-{run_id}").start()
+        run = launched.result()
         with self._lock:
             self._runs[run_id] = run
-        threading.Thread(target=self._await, args=(run,), daemon=True, name=f"run-{run_id}").start()
         return run.refresh().to_dict()
+
+    def _launch_and_await(self, record: RunRecord, argv: list[str], folder: Path, launched: Future) -> None:
+        try:
+            with open(folder / "stdout.json", "wb") as stdout, open(folder / "stderr.log", "wb") as stderr:
+                # A process group of its own: when the replica dies, Ray SIGKILLs the replica's group 0.2 s after
+                # its SIGTERM, too soon for the run to record its trials as stopped.
+                process = subprocess.Popen(argv, stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL,
+                                           env=run_env(self.plan), preexec_fn=die_with_parent, process_group=0)
+        except BaseException as exc:
+            launched.set_exception(exc)
+            return
+        run = _Run(record, process, folder)
+        launched.set_result(run)
+        self._await(run)
 
     def _await(self, run: _Run) -> None:
         code = run.process.wait()
@@ -152,23 +171,24 @@ class RunBook:
         if run.process.poll() is None:
             run.stop_requested = True
             run.process.send_signal(signal.SIGTERM)
-            threading.Thread(target=self._kill_late, args=(run,), daemon=True).start()
+            threading.Thread(target=self._kill_late, args=(run, STOP_WAIT_S), daemon=True).start()
         return self.get(run_id)
 
     @staticmethod
-    def _kill_late(run: _Run) -> None:
+    def _kill_late(run: _Run, wait_s: float) -> None:
         try:
-            run.process.wait(STOP_WAIT_S)
+            run.process.wait(wait_s)
         except subprocess.TimeoutExpired:
             run.process.kill()
 
     def stop_all(self) -> None:
-        """Stop every run and wait for each (the service is going away)."""
+        """Stop every run and wait for them, all within one STOP_WAIT_S (the service is going away)."""
         with self._lock:
             runs = list(self._runs.values())
         for run in runs:
             if run.process.poll() is None:
                 run.stop_requested = True
                 run.process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + STOP_WAIT_S
         for run in runs:
-            self._kill_late(run)
+            self._kill_late(run, max(0.0, deadline - time.monotonic()))

@@ -37,6 +37,7 @@ from apscheduler.triggers.cron import CronTrigger
 from sqlalchemy import JSON, Column, Integer, MetaData, String, Table, insert, select, update
 
 from storage.schema import SCHEDULE_JOBS_TABLE, SCHEDULE_RUNS_TABLE
+from tuner.describe import context_line, recommendation_context
 from tuner.errors import NotFound, TunerError
 from tuner.runs import run_env, study_run_argv
 from tuner.study import StoragePlan, load_optuna_study, recommend
@@ -140,6 +141,8 @@ class ScheduleRun:
             lines.append(f"new best: trial {self.best['trial']}: {_best_text(self.best)}{was}")
         else:
             lines.append(f"best unchanged: trial {self.best['trial']}: {_best_text(self.best)}")
+        if self.best is not None and "boundary_text" in self.best:  # summaries written before it carry no context
+            lines.append(f"  {context_line(self.best)}")
         if self.stopped_early:
             lines.append(f"stopped early: {self.stopped_early}")
         if self.error:
@@ -345,7 +348,8 @@ class ScheduleBook:
             return numbers, None
         score = rec.trial.score
         return numbers, {"trial": rec.trial.trial_number, "completed_rps": score["completed_rps"],
-                         "e2e_p95_s": score["e2e_p95_s"], "serve_command": rec.trial.serve_command}
+                         "e2e_p95_s": score["e2e_p95_s"], "serve_command": rec.trial.serve_command,
+                         **recommendation_context(rec, settings)}
 
     def _run(self, name: str, study: str, cron: str, window_s: float, trials: int | None) -> None:
         started = self._now()
@@ -382,8 +386,10 @@ class ScheduleBook:
         argv = study_run_argv(study, trials=trials, window_s=round(left_s, 3))
         env = run_env(self.plan)
         # The run dies with this thread (SIGTERM: it stops its trials and records them), even if the host is killed.
+        # A group of its own: a Serve replica that dies takes its process group down within a fraction of a
+        # second, too soon for the run to record its trials; die_with_parent stops it properly instead.
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                                stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)
+                                stdin=subprocess.DEVNULL, preexec_fn=die_with_parent, process_group=0)
         stopped_why = None
         signalled_at = 0.0
         while True:

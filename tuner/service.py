@@ -7,10 +7,9 @@ request but the health check and the OpenAPI spec must carry it as a bearer toke
 from __future__ import annotations
 
 import hmac
-import ipaddress
 import os
-import socket
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -20,14 +19,17 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, Field
 
 from tuner.errors import NotFound, TunerError
-from tuner.runs import RunBook
-from tuner.schedules import ScheduleBook
+from tuner.runs import STOP_WAIT_S, RunBook
+from tuner.schedules import STOP_GRACE_S, ScheduleBook
 from tuner.studies import LocalStudies, NoRecommendation, StudyRequest
 
 TOKEN_ENV = "TUNER_API_TOKEN"
 TOKEN_FILE_ENV = "TUNER_API_TOKEN_FILE"
 APP_NAME = "tuner"
 BEARER = HTTPBearer(auto_error=False)
+# How long the replica may take to stop: its runs' stop wait (they stop together), then their kill and the
+# replica's own exit. Serve kills the replica after this (a run still going then gets SIGTERM as it dies).
+SHUTDOWN_TIMEOUT_S = max(STOP_WAIT_S, STOP_GRACE_S) + 30
 
 
 def read_token(token_file: Path | None) -> str | None:
@@ -44,20 +46,12 @@ def read_token(token_file: Path | None) -> str | None:
     return os.environ.get(TOKEN_ENV) or None
 
 
-def is_loopback(host: str) -> bool:
-    """True if every address `host` names is a loopback one (so only this machine can connect)."""
-    try:
-        addresses = {info[4][0] for info in socket.getaddrinfo(host, None)}
-    except socket.gaierror:
-        raise TunerError(f"cannot resolve the address to bind: {host}") from None
-    return bool(addresses) and all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addresses)
-
-
 @dataclass(frozen=True)
 class ServiceConfig:
-    storage: str | None
+    # Out of the repr, which Ray may log: the URL's password and the token.
+    storage: str | None = field(repr=False)
     artifacts: str | None
-    token: str | None
+    token: str | None = field(repr=False)
     ray_address: str | None  # the cluster the service's runs join
 
 
@@ -201,7 +195,8 @@ def _service_deployment():
     from ray import serve
 
     @serve.deployment(name="tuner-api", num_replicas=1, ray_actor_options={"num_cpus": 0},
-                      max_ongoing_requests=64, health_check_period_s=5)
+                      max_ongoing_requests=64, health_check_period_s=5,
+                      graceful_shutdown_timeout_s=SHUTDOWN_TIMEOUT_S)
     @serve.ingress()
     class TunerService:
         """One replica: it holds the runs it started, so there is exactly one."""
@@ -225,7 +220,10 @@ def _service_deployment():
             return build_api(LocalStudies(self.plan), self.runs, self.schedules, self.token)
 
         def __del__(self):
+            # The runs and the scheduled runs stop at the same time: together they fit in SHUTDOWN_TIMEOUT_S.
+            stopping_schedules = threading.Thread(target=self.schedules.shutdown)
+            stopping_schedules.start()
             self.runs.stop_all()
-            self.schedules.shutdown()
+            stopping_schedules.join()
 
     return TunerService

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import signal
+import socket
 import threading
+import time
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -13,6 +16,18 @@ import typer
 from tuner.console import err
 from tuner.errors import TunerError
 from tuner.study_cli import ArtifactsOption, StorageOption
+
+# Read by Ray as it is imported: at 0 its node address is loopback, so a local cluster listens on loopback only.
+RAY_LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+def is_loopback(host: str) -> bool:
+    """True if every address `host` names is a loopback one (so only this machine can connect)."""
+    try:
+        addresses = {info[4][0] for info in socket.getaddrinfo(host, None)}
+    except socket.gaierror:
+        raise TunerError(f"cannot resolve the address to bind: {host}") from None
+    return bool(addresses) and all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addresses)
 
 
 def serve(
@@ -26,15 +41,19 @@ def serve(
 ) -> None:
     """Serve the tuner's HTTP API (OpenAPI at /docs) until Ctrl-C: studies, runs, live status, best, report,
     schedules."""
+    loopback = is_loopback(host)
+    if loopback and not ray_address:
+        # Else the local Ray cluster would listen on every address, reachable where the service is not.
+        os.environ[RAY_LOOPBACK_ENV] = "0"
     import ray
     from ray import serve as ray_serve
 
     from storage.urls import redact_url
-    from tuner.service import APP_NAME, ServiceConfig, _service_deployment, is_loopback, read_token
+    from tuner.service import APP_NAME, SHUTDOWN_TIMEOUT_S, ServiceConfig, _service_deployment, read_token
     from tuner.study import StoragePlan
 
     token = read_token(token_file)
-    if token is None and not is_loopback(host):
+    if token is None and not loopback:
         raise TunerError(f"refusing to serve on {host} without a token: set TUNER_API_TOKEN or give --token-file")
     plan = StoragePlan.resolve(storage, artifacts)
     plan.repository().migrate()  # a clear error now if the database cannot be reached
@@ -45,7 +64,8 @@ def serve(
         if ray_address:
             ray.init(address=ray_address, log_to_driver=False)
         else:
-            ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
+            # A cluster of its own, never one that `ray start` left recorded on this machine.
+            ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
         try:
             ray_serve.start(http_options={"host": host, "port": port})
             ray_serve.run(_service_deployment().bind(ServiceConfig(plan.url, str(plan.artifact_dir), token,
@@ -60,5 +80,11 @@ def serve(
         stop.wait()
     finally:
         err.print("stopping the service and its runs")
+        # The replica may take SHUTDOWN_TIMEOUT_S to stop its runs, longer than serve.shutdown waits (30 s)
+        # before ray.shutdown would take the cluster down under the runs still stopping.
+        ray_serve.delete(APP_NAME, _blocking=False)
+        deadline = time.monotonic() + SHUTDOWN_TIMEOUT_S + 10
+        while APP_NAME in ray_serve.status().applications and time.monotonic() < deadline:
+            time.sleep(0.5)
         ray_serve.shutdown()
         ray.shutdown()

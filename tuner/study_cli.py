@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import signal
 import sys
+import threading
 import time
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -120,6 +121,7 @@ def _deadline(timeout: float | None, until: str | None) -> float | None:
 
 @study_app.command("run")
 def study_run(
+    ctx: typer.Context,
     name: Annotated[str, typer.Argument(help="The study.")],
     trials: Annotated[Optional[int], typer.Option(min=1, help="Trials to run now; default: 8, or with --window "
                                                               "as many as fit.")] = None,
@@ -145,6 +147,14 @@ def study_run(
     """Run trials of a study on Ray workers: each launches vLLM, replays the trace, and is scored under the
     boundary. SIGINT or SIGTERM stops the trials in flight and records them as stopped (a second one does not
     wait for that); the run then exits 130."""
+    if server:
+        # The service's runs join its own Ray cluster with its own heartbeat settings. RAY_ADDRESS from the
+        # environment is left alone: only what was typed on this command line is refused.
+        typed = [f"--{option.replace('_', '-')}" for option in ("ray_address", "heartbeat", "grace")
+                 if ctx.get_parameter_source(option).name == "COMMANDLINE"]
+        if typed:
+            raise typer.BadParameter(f"{', '.join(typed)} cannot be used with --server: the service's runs use its "
+                                     f"own Ray cluster and settings")
     stop_at = window_s = None
     if window is not None:
         from tuner.study import parse_duration
@@ -176,7 +186,8 @@ def study_run(
         if server:
             # The service's clock may differ from ours: it is sent the time left.
             result = _run_on_service(name, trials, parallel, None if deadline is None else deadline - time.time(),
-                                     window_s, prune, server, token_file, progress, overall, started, done)
+                                     window_s, prune, server, token_file, signalled, progress, overall, started,
+                                     done)
         else:
             result = _run_here(name, trials, parallel, ray_address, deadline, stop_at, prune, heartbeat, grace,
                                storage, artifacts, events, signalled, progress, overall, started, done)
@@ -241,14 +252,22 @@ def _run_here(name, trials, parallel, ray_address, deadline, stop_at, prune, hea
     return {"trials": [_summary_dict(s) for s in report.trials], "stopped_early": report.stopped_early}
 
 
-def _run_on_service(name, trials, parallel, timeout_s, window_s, prune, server, token_file, progress, overall,
-                    started, done) -> dict:
-    """Start the run on the service and follow it; Ctrl-C here stops it there."""
+def _run_on_service(name, trials, parallel, timeout_s, window_s, prune, server, token_file, signalled, progress,
+                    overall, started, done) -> dict:
+    """Start the run on the service and follow it. SIGINT or SIGTERM here stops it there, as a local run stops,
+    and it is followed until it has (a second one stops following at once)."""
+    from types import SimpleNamespace
+
     from tuner.service_client import remote_studies
 
     studies = remote_studies(server, token_file)
     run = studies.start_run(name, trials, parallel, timeout_s, window_s, prune)
     progress.update(overall, description=f"study {name} on {server} (run {run['id']})")
+    # The handler only notes the stop and the loop sends it: an HTTP call from within the handler could cut into
+    # the loop's own request.
+    stop_wanted = threading.Event()
+    replaced = _stop_on_signals(SimpleNamespace(stop=lambda reason: stop_wanted.set()), signalled)
+    stop_sent = False
     shown_started: set[int] = set()
     shown_done = 0
     try:
@@ -262,11 +281,19 @@ def _run_on_service(name, trials, parallel, timeout_s, window_s, prune, server, 
             shown_done = len(run["finished"])
             if run["state"] != "running":
                 break
+            if stop_wanted.is_set() and not stop_sent:
+                studies.stop_run(run["id"])
+                stop_sent = True
+                progress.update(overall, description=f"study {name} on {server}: stopping run {run['id']}")
             time.sleep(1.0)
             run = studies.run(run["id"])
-    except KeyboardInterrupt:
-        studies.stop_run(run["id"])
+    except KeyboardInterrupt:  # the second signal: stop following, but never leave the run going
+        if not stop_sent:
+            studies.stop_run(run["id"])
         raise
+    finally:
+        for sig, handler in replaced.items():
+            signal.signal(sig, handler)
     if run["state"] == "failed" or run["result"] is None:
         raise TunerError(f"the run failed on the service: {run['error'] or run['state']}")
     return run["result"]
@@ -331,6 +358,10 @@ def study_status(name: Annotated[str, typer.Argument(help="The study.")], storag
                  artifacts: ArtifactsOption = None, as_json: JsonOption = False, server: ServerOption = None,
                  token_file: TokenFileOption = None) -> None:
     """Trials by state, the trial in flight, and the best so far."""
+    from rich.text import Text
+
+    from tuner.describe import context_line
+
     data = _studies(server, token_file, storage, artifacts).status(name)
     if as_json:
         return print_json(data)
@@ -341,8 +372,9 @@ def study_status(name: Annotated[str, typer.Argument(help="The study.")], storag
         table.add_row(f"  {state}", str(count))
     table.add_row("in flight", ", ".join(map(str, data["running"])) or "-")
     table.add_row("waiting (enqueued)", ", ".join(map(str, data["waiting"])) or "-")
-    table.add_row("best so far", f"trial {best['trial']}: {best['completed_rps']:.3f} req/s, "
-                                 f"p95 e2e {best['e2e_p95_s']:.2f} s" if best else "none feasible yet")
+    table.add_row("best so far", Text(f"trial {best['trial']}: {best['completed_rps']:.3f} req/s, p95 e2e "
+                                      f"{best['e2e_p95_s']:.2f} s; {context_line(best)}") if best
+                  else "none feasible yet")
     out.print(table)
 
 
