@@ -378,37 +378,3 @@ def test_compare_table_puts_the_values_side_by_side():
     assert rows["state"][2].style == "red"
     assert rows["queue time mean / p95 s (vLLM)"][0] == "1.500 / 0.300"
     assert rows["meets the interactive boundary"] == ["yes", "yes", "-"]
-
-
-def test_compare_prints_table_verdict_and_the_machine(monkeypatch, tmp_path):
-    """The terminal form of `tuner compare`, its trials stood in for (the real ones: test_report_vllm)."""
-    from types import SimpleNamespace
-
-    from typer.testing import CliRunner
-
-    import tuner.compare
-    from tuner.cli import app
-    from tuner.compare import CompareResult
-
-    def fake_run_compare(*, variation, base_config, boundary, **_):
-        record = SimpleNamespace(hardware=HARDWARE, vllm_version="0.32.0", engine_config={}, serve_command="vllm serve m",
-                                 trace={"source": "t.csv", "sha256": "cd" * 32, "requests": 16, "span_s": 0.1})
-        runs = [CompareRun("max_num_seqs=2", 2, measurement(queue_s_mean=1.5), record=record),
-                CompareRun("max_num_seqs=16", 16, measurement(preemptions=9, queue_s_mean=0.2), record=record)]
-        return CompareResult(variation, base_config, runs, boundary)
-
-    monkeypatch.setattr(tuner.compare, "run_compare", fake_run_compare)
-    result = CliRunner().invoke(app, ["compare", "--model", str(tmp_path), "--vary", "max_num_seqs=2,16",
-                                      "--set", "num_gpu_blocks_override=24", "--out", str(tmp_path)],
-                                env={"COLUMNS": "160"})
-    assert result.exit_code == 0, result.output
-    text = result.output
-    assert "max_num_seqs=16 rather than 2: brought preemptions (0 → 9) but cut the time spent queued" in text
-    assert "measured on CPU: Test CPU 9000, 2 cores" in text and "vLLM 0.32.0" in text and "t.csv" in text
-    assert "held for every value: num_gpu_blocks_override=24" in text and "interactive (p95 TTFT <= 2 s" in text
-    as_json = CliRunner().invoke(app, ["compare", "--model", str(tmp_path), "--vary", "max_num_seqs=2,16",
-                                       "--out", str(tmp_path), "--json"])
-    data = json.loads(as_json.output)
-    assert data["dimension"] == "max_num_seqs" and [r["label"] for r in data["runs"]] == ["max_num_seqs=2",
-                                                                                         "max_num_seqs=16"]
-    assert data["measured_on"]["vllm_version"] == "0.32.0" and len(data["verdicts"]) == 1

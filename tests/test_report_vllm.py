@@ -76,14 +76,22 @@ def test_study_report_renders_in_headless_chromium_with_every_plot(study):
     assert ("no timeline recorded" in page.read_text()) is not timelines
 
 
-def test_compare_shows_preemptions_only_for_the_larger_max_num_seqs(tiny_model, tmp_path):
+def test_compare_shows_preemptions_only_for_the_larger_max_num_seqs(tiny_model, tmp_path, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "160")  # the table as a wide terminal shows it, rows unwrapped
     # 24 blocks of 128 tokens hold 3,072 tokens: two sequences of at most 1,024 always fit; of sixteen, those
     # admitted fill the cache with their prompts and are preempted as their answers grow.
     result = tuner("compare", "--model", str(tiny_model), *SLICE, "--set", "max_model_len=1024",
                    "--set", "enforce_eager=true", "--set", "kv_cache_memory_bytes=268435456",
-                   "--set", "num_gpu_blocks_override=24", "--vary", "max_num_seqs=2,16", "--out", str(tmp_path),
-                   "--json")
-    data = json.loads(result.stdout)
+                   "--set", "num_gpu_blocks_override=24", "--vary", "max_num_seqs=2,16", "--out", str(tmp_path))
+    # What people read: the table, the verdict, the machine, the trace and what was held equal.
+    text = result.stdout
+    for line in ("max_num_seqs, one value at a time", "preemptions", "queue time mean / p95 s (vLLM)", "Verdict",
+                 "measured on CPU", "vLLM 0.32.0", "azure_conv_2023.csv",
+                 "held for every value: max_model_len=1024, enforce_eager=True",
+                 "judged against the interactive (p95 TTFT <= 2 s"):
+        assert line in text, line
+    # What programs read: the same comparison as `--json` prints it, kept beside the runs' records.
+    data = json.loads((tmp_path / "compare.json").read_text())
     few, many = data["runs"]
     (REPO / "test-artifacts").mkdir(exist_ok=True)
     (REPO / "test-artifacts" / "compare-max_num_seqs.json").write_text(json.dumps(
@@ -99,6 +107,7 @@ def test_compare_shows_preemptions_only_for_the_larger_max_num_seqs(tiny_model, 
     assert few["measurement"]["running_peak"] <= 2 < many["measurement"]["running_peak"]
     assert "--max-num-seqs 2" in few["serve_command"] and "--num-gpu-blocks-override 24" in many["serve_command"]
     (verdict,) = data["verdicts"]
+    assert verdict in " ".join(text.split())
     assert verdict.startswith(f"max_num_seqs=16 rather than 2: brought preemptions (0 → "
                               f"{many['measurement']['preemptions']})")
     assert "p95 end-to-end" in verdict

@@ -104,7 +104,11 @@ def lab(tiny_model, tmp_path_factory):
 @pytest.mark.vllm
 def test_a_schedule_fires_honours_its_window_and_survives_a_restart(lab):
     root, common, plan = lab["root"], lab["common"], lab["plan"]
-    tuner("study", "create", "fresh", "--trace", str(lab["traces"] / "day1.csv"), *lab["study_args"])
+    # A model no study here has measured (a copy of the tiny one): with no trial time known but the slice's span,
+    # the first trial starts. (Study s's trials on the tiny model itself would say it cannot fit the window.)
+    shutil.copytree(lab["study_args"][1], root / "unmeasured-model")
+    fresh_args = ["--model", str(root / "unmeasured-model"), *lab["study_args"][2:]]
+    tuner("study", "create", "fresh", "--trace", str(lab["traces"] / "day1.csv"), *fresh_args)
     # A time of day a minute or so ahead: a real cron line that fires once today.
     fire = (datetime.now().astimezone() + timedelta(seconds=70)).replace(second=0, microsecond=0)
     window_s = 15.0  # shorter than one trial: vLLM alone takes about 22 s to start here
@@ -125,7 +129,7 @@ def test_a_schedule_fires_honours_its_window_and_survives_a_restart(lab):
         window_end = fire + timedelta(seconds=window_s)
         assert run.state == "finished", (root / "host-a.log").read_text()
         assert datetime.fromisoformat(run.due_at) == fire and datetime.fromisoformat(run.window_end) == window_end
-        # The one trial started (no history says it could not fit) is stopped at the window's end, not re-run.
+        # The one trial started is stopped at the window's end, not re-run.
         assert [(t["number"], t["state"], t["reason"]) for t in run.trials] == [(0, "stopped", WINDOW_END)]
         assert run.stopped_early == WINDOW_END and run.best is None and run.previous_best is None
         (stopped,) = Repository(plan.url).trials("fresh")
@@ -162,6 +166,8 @@ def test_a_schedule_fires_honours_its_window_and_survives_a_restart(lab):
     s_best = best_trials(Repository(plan.url), Repository(plan.url).get_study("s"), load_optuna_study("s", plan))
     assert check.best["trial"] == check.previous_best["trial"] == s_best[0].trial_number
     assert any(line.startswith("best unchanged: trial") for line in check.lines())
+    assert any("meets the interactive" in line and "measured on CPU" in line and "vLLM 0.32.0" in line
+               for line in check.lines())
     assert len(Repository(plan.url).trials("s")) == 2, "the check run must have started no trial"
 
 

@@ -53,9 +53,17 @@ def test_large_kv_budget_serves_every_request_in_full_without_preemption(tiny_mo
     assert m["running_peak"] >= 2, "the rate-scaled slice should overlap on the server"
     assert record["hardware"]["accelerator"] == "cpu" and record["vllm_version"] == "0.32.0"
     assert "--kv-cache-memory-bytes 268435456" in record["serve_command"]
+    # Queue time from vLLM's own histogram, and the trial's time split.
+    assert m["queue_s_p50"] is not None and 0 <= m["queue_s_p50"] <= m["queue_s_p95"]
+    assert record["timings"]["startup_s"] > 0 and record["timings"]["replay_s"] > 0
+    assert record["timings"]["teardown_s"] >= 0
     rows = list(csv.DictReader(open(out_dir / "requests.csv")))
     assert len(rows) == 16
     assert all(int(r["output_tokens"]) == int(r["requested_tokens"]) for r in rows)
+    # Every request: when it was due, when it went out (open loop: never before it was due), what users saw.
+    for r in rows:
+        assert float(r["sent_s"]) >= float(r["scheduled_s"]) - 0.001
+        assert 0 < float(r["ttft_s"]) <= float(r["e2e_s"])
     assert (out_dir / "server.log").stat().st_size > 0
 
 

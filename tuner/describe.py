@@ -31,16 +31,29 @@ def boundary_line(b: Boundary) -> str:
     return f"{b.name} ({', '.join(parts)})"
 
 
+def recommendation_context(rec: Recommendation, settings: StudySettings) -> dict:
+    """What every stated recommendation carries: its boundary, the machine, vLLM and the trace."""
+    t = rec.trial
+    return {"boundary": rec.boundary.to_dict(), "boundary_text": boundary_line(rec.boundary), "hardware": t.hardware,
+            "measured_on": hardware_line(t.hardware), "vllm_version": t.vllm_version,
+            "trace": {"path": settings.trace_path, "sha256": settings.trace_sha256,
+                      "selection": settings.trace_selection}}
+
+
+def context_line(context: dict) -> str:
+    """recommendation_context in words."""
+    trace = context["trace"]
+    return (f"meets the {context['boundary_text']} boundary; measured on {context['measured_on']}, vLLM "
+            f"{context['vllm_version']}, trace {trace['path']} (sha256 {trace['sha256'][:12]})")
+
+
 def recommendation_dict(rec: Recommendation, settings: StudySettings) -> dict:
     """A recommendation for programs: the command, the boundary, the machine, vLLM, the trace, the gain."""
     t = rec.trial
     m = t.measurement or {}
     return {
         "study": settings.name, "trial": t.trial_number, "serve_command": t.serve_command,
-        "engine_config": t.engine_config, "boundary": rec.boundary.to_dict(),
-        "boundary_text": boundary_line(rec.boundary), "hardware": t.hardware, "measured_on": hardware_line(t.hardware),
-        "vllm_version": t.vllm_version,
-        "trace": {"path": settings.trace_path, "sha256": settings.trace_sha256, "selection": settings.trace_selection},
+        "engine_config": t.engine_config, **recommendation_context(rec, settings),
         "score": t.score,
         "measurement": {k: m.get(k) for k in ("completed", "requests", "completed_rps", "output_tps", "ttft_s",
                                               "e2e_s", "queue_s_p95", "preemptions")},

@@ -29,7 +29,7 @@ from tuner.study import Recommendation
 from tuner.describe import boundary_line, hardware_line, recommendation_dict
 from workers.server_metrics import TimelineSample
 
-TIMELINE_FILE = "timeline.csv"  # t_s,running,waiting,kv_usage, sampled every 0.5 s during the replay
+TIMELINE_FILE = "timeline.csv"  # t_s,running,waiting,kv_usage, sampled every 0.25 s during the replay
 NO_TIMELINE = "no timeline recorded"
 DEFAULT_LABEL = "vLLM default"
 _KV_LOG = re.compile(r"KV cache size: ([\d,]+) tokens")
@@ -508,7 +508,7 @@ def timeline_figure(data: ReportData):
     fig.update_yaxes(title_text="waiting", rangemode="tozero", row=2, col=1)
     fig.update_yaxes(title_text="KV used (%)", range=[0, 105], row=3, col=1)
     fig.update_xaxes(title_text="seconds since the replay started", row=3, col=1)
-    _layout(fig, "Running, waiting and KV-cache usage during the replay (sampled every 0.5 s)", 720)
+    _layout(fig, "Running, waiting and KV-cache usage during the replay (sampled every 0.25 s)", 720)
     fig.update_layout(legend={"y": -0.14})
     return fig
 

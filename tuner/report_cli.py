@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Optional
@@ -14,6 +15,8 @@ from tuner.console import err, fmt, out, print_json, progress_bar
 from tuner.describe import boundary_line, hardware_line
 from tuner.errors import TunerError
 from tuner.study_cli import ArtifactsOption, JsonOption, ServerOption, StorageOption, TokenFileOption
+
+COMPARE_FILE = "compare.json"  # the whole comparison, as --json prints it, in the --out folder
 
 
 # --- tuner study report ----------------------------------------------------------------------------------
@@ -202,11 +205,14 @@ def compare(
     first = records[0]
     machine = {"hardware": first.hardware, "description": hardware_line(first.hardware),
                "vllm_version": first.vllm_version}
+    summary = {"dimension": variation.name, "kind": variation.kind, "values": list(variation.values),
+               "fixed": base.to_dict(), "model": str(model), "boundary": bound.to_dict(),
+               "boundary_text": boundary_line(bound), "measured_on": machine,
+               "runs": [_run_dict(r) for r in result.runs], "verdicts": result.verdicts, "out_dir": str(out_dir)}
+    # Kept beside the runs' records, so the comparison can be read again without re-running it.
+    (out_dir / COMPARE_FILE).write_text(json.dumps(summary, indent=2) + "\n")
     if as_json:
-        print_json({"dimension": variation.name, "kind": variation.kind, "values": list(variation.values),
-                     "fixed": base.to_dict(), "model": str(model), "boundary": bound.to_dict(),
-                     "boundary_text": boundary_line(bound), "measured_on": machine,
-                     "runs": [_run_dict(r) for r in result.runs], "verdicts": result.verdicts, "out_dir": str(out_dir)})
+        print_json(summary)
     else:
         table = Table("", *(r.label for r in result.runs), title=f"{variation.name}, one value at a time")
         for what, cells in _compare_rows(result):
@@ -221,6 +227,7 @@ def compare(
                   soft_wrap=True)
         out.print(f"held for every value: {', '.join(f'{k}={v}' for k, v in base.to_dict().items()) or 'vLLM defaults'}"
                   f"; judged against the {boundary_line(bound)} boundary", highlight=False, soft_wrap=True)
-        out.print(f"records: {out_dir}/<value>/measurement.json, requests.csv, server.log", highlight=False)
+        out.print(f"records: {out_dir}/{COMPARE_FILE}, {out_dir}/<value>/measurement.json, requests.csv, server.log",
+                  highlight=False)
     if not any(r.served for r in result.runs):
         raise typer.Exit(1)

@@ -12,7 +12,7 @@ from typing import Optional, Protocol
 
 from pydantic import BaseModel, Field
 
-from tuner.describe import recommendation_dict
+from tuner.describe import recommendation_context, recommendation_dict
 from tuner.errors import TunerError
 
 
@@ -121,7 +121,9 @@ class LocalStudies:
         rec = recommend(repo, settings, study)
         return {"name": name, "boundary": settings.boundary, "trials": len(stored), "by_state": states,
                 "running": running, "waiting": waiting,
-                "best": {"trial": rec.trial.trial_number, **rec.trial.score} if rec else None}
+                "best": {"trial": rec.trial.trial_number, **rec.trial.score,
+                         "serve_command": rec.trial.serve_command,
+                         **recommendation_context(rec, settings)} if rec else None}
 
     def best(self, name: str) -> dict:
         from tuner.study import recommend
