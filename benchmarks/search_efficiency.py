@@ -9,8 +9,8 @@ scores it; the best feasible throughput reached (the study's recommendation rule
 best. Also: the trial time the pruning rule saves, applying tuner.pruning.BoundaryWatch to each grid
 configuration's recorded request timeline as the live replay would have seen it.
 
-    .venv/bin/python benchmarks/search_efficiency.py --model DIR --grid benchmarks/results/grid.json \
-        [--seeds 10] [--limit e2e_p95_s=4] [--json FILE]
+    .venv/bin/python benchmarks/search_efficiency.py --model DIR --grid benchmarks/results/grid-64req-2x.json \
+        [--max-requests 64 --rate-scale 2] [--seeds 20] [--limit e2e_p95_s=4] [--json FILE]
 """
 
 from __future__ import annotations
@@ -40,7 +40,6 @@ from workers.replay import InFlight, LiveReplay, Outcome, RequestRecord  # noqa:
 from workers.trial import TrialSpec, run_trial  # noqa: E402
 
 TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "azure_conv_2023.csv"
-SELECTION = TraceSelection(max_requests=64, rate_scale=2.0, fit="clip")
 FIXED = dict(enforce_eager=True, max_model_len=1024, kv_cache_memory_bytes=268435456)
 GRID = {"max_num_seqs": [2, 8, 16], "num_gpu_blocks_override": [16, 48], "max_num_batched_tokens": [256, 1024]}
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -50,8 +49,8 @@ def key(params: dict) -> str:
     return json.dumps({k: params[k] for k in GRID}, sort_keys=True)
 
 
-def measure_grid(model: Path) -> dict:
-    trace = load_trace(TRACE, SELECTION, FIXED["max_model_len"])
+def measure_grid(model: Path, selection: TraceSelection) -> dict:
+    trace = load_trace(TRACE, selection, FIXED["max_model_len"])
     points = {}
     for values in itertools.product(*GRID.values()):
         params = dict(zip(GRID, values))
@@ -66,7 +65,8 @@ def measure_grid(model: Path) -> dict:
         print(f"measured {params}: {m.completed}/{m.requests} ok, {m.completed_rps:.3f} req/s, "
               f"p95 e2e {m.e2e_s.p95:.2f} s, preemptions {m.preemptions}, trial {record.timings.total_s:.1f} s",
               flush=True)
-    return {"trace_span_s": trace.span_s, "points": points}
+    return {"trace_span_s": trace.span_s, "selection": {"max_requests": selection.max_requests,
+                                                         "rate_scale": selection.rate_scale}, "points": points}
 
 
 def _measurement(data: dict) -> Measurement:
@@ -142,13 +142,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, required=True)
     parser.add_argument("--grid", type=Path, required=True)
-    parser.add_argument("--seeds", type=int, default=10)
+    parser.add_argument("--seeds", type=int, default=20)
+    parser.add_argument("--max-requests", type=int, default=64, help="trace slice of a new grid")
+    parser.add_argument("--rate-scale", type=float, default=2.0, help="trace slice of a new grid")
     parser.add_argument("--limit", action="append", default=[])
     parser.add_argument("--samplers", default="bottleneck,tpe,random")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     if not args.grid.exists():
-        args.grid.write_text(json.dumps(measure_grid(args.model), indent=1) + "\n")
+        selection = TraceSelection(max_requests=args.max_requests, rate_scale=args.rate_scale, fit="clip")
+        args.grid.write_text(json.dumps(measure_grid(args.model, selection), indent=1) + "\n")
     grid = json.loads(args.grid.read_text())
     bound = boundary("interactive", parse_limits(args.limit))
     scored = scores(grid, bound)
@@ -163,10 +166,13 @@ def main() -> None:
         curves = [search(grid, scored, sampler, seed, budget) for seed in range(args.seeds)]
         fractions = [[c / best for c in curve] for curve in curves]
         medians = [statistics.median(f[i] for f in fractions) for i in range(budget)]
-        result["samplers"][sampler] = {"median_fraction_by_trial": medians,
-                                       "final_fractions": [f[-1] for f in fractions]}
-        print(f"{sampler:>7}: median fraction of the grid optimum after 1..{budget} trials: "
-              + ", ".join(f"{m:.1%}" for m in medians))
+        final = [f[-1] for f in fractions]
+        result["samplers"][sampler] = {"median_fraction_by_trial": medians, "final_fractions": final,
+                                       "seeds_reaching_95pct": sum(f >= 0.95 for f in final),
+                                       "seeds_reaching_optimum": sum(f >= 1.0 - 1e-9 for f in final)}
+        print(f"{sampler:>10}: median fraction of the grid optimum after 1..{budget} trials: "
+              + ", ".join(f"{m:.1%}" for m in medians) + f"; seeds reaching 95% {sum(f >= 0.95 for f in final)}"
+              f"/{len(final)}, the optimum {sum(f >= 1.0 - 1e-9 for f in final)}/{len(final)}, worst {min(final):.1%}")
     result["pruning"] = pruning_savings(grid, bound)
     p = result["pruning"]
     print(f"pruning: {len(p['stopped'])} of {len(scored)} configurations stopped early, saving "
