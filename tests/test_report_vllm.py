@@ -87,7 +87,7 @@ def test_compare_shows_preemptions_only_for_the_larger_max_num_seqs(tiny_model, 
     text = result.stdout
     for line in ("max_num_seqs, one value at a time", "preemptions", "queue time mean / p95 s (vLLM)", "Verdict",
                  "measured on CPU", "vLLM 0.32.0", "azure_conv_2023.csv",
-                 "held for every value: max_model_len=1024, enforce_eager=True",
+                 "held for every value: max_model_len=1024", "num_gpu_blocks_override=24", "enforce_eager=True",
                  "judged against the interactive (p95 TTFT <= 2 s"):
         assert line in text, line
     # What programs read: the same comparison as `--json` prints it, kept beside the runs' records.
