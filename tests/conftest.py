@@ -136,6 +136,18 @@ def as_at_a_terminal() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+def signal_when_ready(proc: subprocess.Popen, ready, sig: int, timeout_s: float = 120) -> tuple[str, str]:
+    """Once `ready()` has returned, send `sig` to `proc` and collect its output. A process still alive when this
+    ends (a wait that failed, a stop that hung) is killed: no test leaves one behind."""
+    try:
+        ready()
+        proc.send_signal(sig)
+        return proc.communicate(timeout=timeout_s)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
 def run_tuner(*args: str) -> subprocess.CompletedProcess:
     """The `tuner` command line as a user runs it; a non-zero exit fails the test with its stderr."""
     result = subprocess.run([sys.executable, "-m", "tuner", *args], capture_output=True, text=True, timeout=900)

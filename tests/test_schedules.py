@@ -19,7 +19,7 @@ from pathlib import Path
 import optuna
 import pytest
 from apscheduler.triggers.cron import CronTrigger
-from conftest import AZURE_CONV, vllm_processes
+from conftest import AZURE_CONV, signal_when_ready, vllm_processes
 from conftest import run_tuner as tuner
 
 from storage import Repository
@@ -177,15 +177,12 @@ def test_sigterm_stops_a_study_run_and_records_its_trial(lab):
     tuner("study", "create", "interrupted", "--trace", str(lab["traces"] / "day1.csv"), *lab["study_args"])
     proc = subprocess.Popen([sys.executable, "-m", "tuner", "study", "run", "interrupted", "--trials", "2", "--json",
                              *common], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
+    def engine_started() -> None:
         _wait_for("an engine to start", lambda: bool(vllm_processes()) or proc.poll() is not None, timeout_s=180,
                   every_s=0.2)
         assert proc.poll() is None, proc.stderr.read()
-        proc.send_signal(signal.SIGTERM)
-        stdout, stderr = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+
+    stdout, stderr = signal_when_ready(proc, engine_started, signal.SIGTERM)
     assert proc.returncode == 130, stderr[-2000:]
     reason = "the run was stopped (SIGTERM)"
     report = json.loads(stdout)

@@ -20,7 +20,8 @@ import httpx
 import psutil
 import pytest
 
-from conftest import AZURE_CONV, run_tuner as tuner
+from conftest import AZURE_CONV, signal_when_ready
+from conftest import run_tuner as tuner
 from workers.launch import free_port
 
 pytestmark = pytest.mark.vllm
@@ -235,13 +236,10 @@ def test_ctrl_c_on_a_run_through_the_service_stops_it_there_and_waits_for_its_re
     env = {**os.environ, "TUNER_API_TOKEN": TOKEN, "RAY_ADDRESS": "127.0.0.1:9"}
     cli = subprocess.Popen([sys.executable, "-m", "tuner", "study", "run", "svc", "--trials", "3", "--server",
                             service["url"]], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    try:
-        run = wait_for_a_trial_in_flight(http)
-        cli.send_signal(signal.SIGINT)
-        stdout, stderr = cli.communicate(timeout=300)
-    finally:
-        if cli.poll() is None:
-            cli.kill()
+    in_flight: list[dict] = []
+    stdout, stderr = signal_when_ready(cli, lambda: in_flight.append(wait_for_a_trial_in_flight(http)), signal.SIGINT,
+                                       timeout_s=300)
+    (run,) = in_flight
     assert cli.returncode == 130, stderr[-3000:]
     ended = http.get(f"/runs/{run['id']}").json()
     assert ended["state"] == "stopped" and ended["progress"]["done"] < 3, ended

@@ -17,7 +17,7 @@ import optuna
 import pytest
 import ray
 
-from conftest import AZURE_CONV, as_at_a_terminal, run_tuner, vllm_processes
+from conftest import AZURE_CONV, as_at_a_terminal, run_tuner, signal_when_ready, vllm_processes
 from storage import Repository
 from tuner.errors import TunerError
 from tuner.study import StoragePlan, StudyRunner, create_study, enqueue_config
@@ -148,14 +148,11 @@ def test_sigint_stops_both_trials_in_flight_and_the_next_run_reruns_them(tiny_mo
                              "--parallel", "2", "--json", *common],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=as_at_a_terminal)
     logs = [_trial_dir(plan, "stopped", n) / "server.log" for n in (0, 1)]
-    try:
+    def both_engines_up() -> None:
         for log in logs:
             _wait_for_log(log, "Application startup complete", alive=lambda: proc.poll() is None, timeout_s=300)
-        proc.send_signal(signal.SIGINT)
-        stdout, stderr = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+
+    stdout, stderr = signal_when_ready(proc, both_engines_up, signal.SIGINT)
     assert proc.returncode == 130, stderr[-3000:]
     report = json.loads(stdout)
     reason = "the run was stopped (SIGINT)"
