@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import psutil
@@ -20,10 +21,21 @@ pytest_plugins = ["postgres"]
 REPO = Path(__file__).resolve().parents[1]
 TRACES = REPO.parent / "shared" / "traces"
 AZURE_CONV = TRACES / "azure_conv_2023.csv"
+# For tests about anything but the boundary: with the latency limits lifted no trial is pruned or judged
+# infeasible for being slow, however loaded the machine. The completion limit stays.
+NO_LATENCY_LIMITS = {"ttft_p95_s": None, "e2e_p95_s": None}
+NO_LATENCY_LIMIT_ARGS = ("--limit", "ttft_p95_s=none", "--limit", "e2e_p95_s=none")
+
+
+# Every process this test run starts carries this mark in its environment (vLLM, Ray's workers and services
+# inherit it), so that the checks below count this run's engines alone: not a vLLM someone serves on the machine,
+# nor another test run's.
+RUN_MARK = "TUNER_TEST_RUN"
+os.environ.setdefault(RUN_MARK, uuid.uuid4().hex)
 
 
 def vllm_processes() -> list[psutil.Process]:
-    """Every live vLLM server or engine-core process on this machine.
+    """Every live vLLM server or engine-core process this test run started, whatever became of its parent.
 
     A zombie is left out: it has exited and holds nothing but its exit status. One whose parent died is
     reparented to PID 1, and a container's PID 1 need not reap it."""
@@ -33,7 +45,8 @@ def vllm_processes() -> list[psutil.Process]:
             if proc.info["status"] == psutil.STATUS_ZOMBIE or proc.pid == os.getpid():
                 continue
             cmdline = " ".join(proc.info["cmdline"] or [])
-            if "vllm.entrypoints" in cmdline or (proc.info["name"] or "").startswith("VLLM"):
+            if ("vllm.entrypoints" in cmdline or (proc.info["name"] or "").startswith("VLLM")) and (
+                    proc.environ().get(RUN_MARK) == os.environ[RUN_MARK]):
                 found.append(proc)
         except psutil.Error:
             continue
@@ -107,6 +120,15 @@ def _program(command: str) -> str:
         if not part.startswith("-"):
             return Path(part).name
     return "python"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Groups for pytest-xdist's `--dist loadgroup`: every test that launches vLLM on one worker, one at a time,
+    since they check that no vLLM process is left on the machine; the rest, a file to a group (so that a module's
+    fixtures are made once), beside them on the other worker."""
+    for item in items:
+        group = "vllm" if item.get_closest_marker("vllm") else item.module.__name__
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(scope="session")

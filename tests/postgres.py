@@ -192,12 +192,12 @@ SMALL_SLICE = ("--window", "300:400", "--max-requests", "8", "--rate-scale", "10
 def create_small_study(root: Path, name: str, storage: str, model: Path) -> list[str]:
     """`tuner study create` of the small study, its artifacts in root/artifacts; returns the --storage and
     --artifacts arguments of its other commands."""
-    from conftest import AZURE_CONV, run_tuner
+    from conftest import AZURE_CONV, NO_LATENCY_LIMIT_ARGS, run_tuner
 
     (root / "space.yaml").write_text(SMALL_SPACE)
     common = ["--storage", storage, "--artifacts", str(root / "artifacts")]
     run_tuner("study", "create", name, "--model", str(model), "--trace", str(AZURE_CONV), *SMALL_SLICE,
-              "--space", str(root / "space.yaml"), "--limit", "ttft_p95_s=none", "--limit", "e2e_p95_s=none",
+              "--space", str(root / "space.yaml"), *NO_LATENCY_LIMIT_ARGS,
               *common)
     return common
 

@@ -23,7 +23,7 @@ import httpx
 import psutil
 import pytest
 
-from conftest import AZURE_CONV, REPO, DescendantWatch, assert_none_left, run_tuner, vllm_processes
+from conftest import AZURE_CONV, NO_LATENCY_LIMIT_ARGS, REPO, DescendantWatch, assert_none_left, run_tuner, vllm_processes
 from faulty_server import (CLOSED_MIDSTREAM, EMPTY_BODY, ERROR_EVENT, FAULTS, MALFORMED_EVENT, OK,
                            RESET_BEFORE_RESPONSE, RESET_MIDSTREAM, SHORT, STALLED, STATUS_400, STATUS_429,
                            STATUS_500, STATUS_503, STATUS_OF)
@@ -130,7 +130,8 @@ def test_engines_killed_mid_replay_are_engine_died_and_the_study_goes_on(tiny_mo
     storage = f"sqlite:///{tmp_path / 'tuner.db'}"
     common = ["--storage", storage, "--artifacts", str(tmp_path / "artifacts")]
     run_tuner("study", "create", "k", "--model", str(tiny_model), "--trace", str(AZURE_CONV), "--max-requests",
-              str(STUDY_REQUESTS), "--fit", "clip", "--space", str(tmp_path / "space.yaml"), "--seed", "5", *common)
+              str(STUDY_REQUESTS), "--fit", "clip", "--space", str(tmp_path / "space.yaml"), "--seed", "5",
+              *NO_LATENCY_LIMIT_ARGS, *common)
     driver = subprocess.Popen([sys.executable, "-m", "tuner", "study", "run", "k", "--trials", str(KILLS + 1),
                                "--json", *common], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     watch = DescendantWatch(driver.pid)

@@ -13,7 +13,7 @@ import httpx
 import optuna
 import pytest
 
-from conftest import AZURE_CONV, REPO, run_tuner as tuner, vllm_processes
+from conftest import AZURE_CONV, NO_LATENCY_LIMIT_ARGS, REPO, run_tuner as tuner, vllm_processes
 from storage import Repository
 from tuner.study import StoragePlan, enqueue_config, recommend
 from workers.engine_config import EngineConfig
@@ -38,8 +38,7 @@ def study(tiny_model, tmp_path_factory):
     common = ["--storage", storage, "--artifacts", str(root / "artifacts")]
     tuner("study", "create", "s", "--model", str(tiny_model), "--trace", str(AZURE_CONV), "--window", "300:400",
           "--max-requests", "16",
-          "--rate-scale", "100", "--fit", "clip", "--space", "cpu-small", "--limit", "ttft_p95_s=20",
-          "--limit", "e2e_p95_s=60", "--seed", "3", *common)
+          "--rate-scale", "100", "--fit", "clip", "--space", "cpu-small", *NO_LATENCY_LIMIT_ARGS, "--seed", "3", *common)
     plan = StoragePlan.resolve(storage, root / "artifacts")
     for config in (INFEASIBLE, KV_INSUFFICIENT, PRESSURED):
         enqueue_config("s", plan, config)

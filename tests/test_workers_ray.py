@@ -17,7 +17,7 @@ import optuna
 import pytest
 import ray
 
-from conftest import AZURE_CONV, as_at_a_terminal, run_tuner, signal_when_ready, vllm_processes
+from conftest import AZURE_CONV, NO_LATENCY_LIMITS, as_at_a_terminal, run_tuner, signal_when_ready, vllm_processes
 from storage import Repository
 from tuner.errors import TunerError
 from tuner.study import StoragePlan, StudyRunner, create_study, enqueue_config
@@ -35,7 +35,7 @@ QUEUED = EngineConfig(max_num_seqs=8, num_gpu_blocks_override=64, max_num_batche
 def _study(tiny_model, tmp_path, name: str, rate_scale: float = 100.0) -> StoragePlan:
     plan = StoragePlan.resolve(f"sqlite:///{tmp_path / 'tuner.db'}", tmp_path / "artifacts")
     create_study(name, model=tiny_model, trace_path=AZURE_CONV, space="cpu-small", boundary_name="interactive",
-                 limits={"ttft_p95_s": 30.0, "e2e_p95_s": 60.0}, plan=plan, seed=0,
+                 limits=NO_LATENCY_LIMITS, plan=plan, seed=0,
                  selection=TraceSelection(max_requests=12, rate_scale=rate_scale, fit="clip"))
     return plan
 
