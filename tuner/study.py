@@ -312,6 +312,16 @@ class StudyRunner:
         report = RunReport()
         ends = [t for t in (deadline, stop_at) if t is not None]
         last_end = min(ends) if ends else None
+
+        def no_time_left() -> bool:
+            return last_end is not None and time.time() + (
+                _expected_trial_s(self.repo, self.settings, self.ctx.trace.span_s)) > last_end
+
+        # Judged before Ray starts too: a run with no time for a trial costs no cluster, and its verdict does not
+        # depend on how long a cluster takes to start.
+        if n_trials != 0 and no_time_left():
+            report.stopped_early = NO_TIME_LEFT
+            return report
         tp = self.ctx.space.baseline().tensor_parallel_size or 1
         hardware = detect_hardware()
         with WorkerPool(self.parallel, ray_address=self.ray_address, tensor_parallel_size=tp,
@@ -330,8 +340,7 @@ class StudyRunner:
                         self._stop_in_flight(pool, in_flight, reason, report)
                         break
                     while free and (n_trials is None or started < n_trials) and report.stopped_early is None:
-                        if last_end is not None and time.time() + (
-                                _expected_trial_s(self.repo, self.settings, self.ctx.trace.span_s)) > last_end:
+                        if no_time_left():
                             report.stopped_early = NO_TIME_LEFT
                             break
                         started += 1
