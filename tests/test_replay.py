@@ -72,8 +72,10 @@ def test_a_stalled_stream_times_out_and_later_requests_still_leave_on_time(minim
     result = asyncio.run(replay(f"{minimal_server}/stall", reqs, timeout_s=1.0, collect_metrics=False))
     assert [r.outcome for r in result.records] == [Outcome.TIMEOUT] * 5
     assert [round(r.scheduled_s, 1) for r in result.records] == [0.0, 0.1, 0.2, 0.3, 0.4]
-    assert max(r.lateness_s for r in result.records) < 0.05
-    assert result.duration_s < 2.0, "requests must be in flight together, not one after another"
+    # One sent after the last one's timeout would be at least 0.9 s late and the replay would last 5 s; the margins
+    # are for a busy machine.
+    assert max(r.lateness_s for r in result.records) < 0.5
+    assert result.duration_s < 3.0, "requests must be in flight together, not one after another"
 
 
 def test_a_lost_engine_leaves_the_remaining_requests_not_sent(minimal_server):
