@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tuner.errors import TunerError
+from tuner.hardware import HardwareInfo
 from workers.engine_config import EngineConfig
 
 GiB = 2**30
@@ -135,6 +136,13 @@ class DeviceMemory:
     def of(cls, platform: str, gib: float) -> DeviceMemory:
         return cls(platform, int(gib * GiB))
 
+    @classmethod
+    def of_machine(cls, hardware: HardwareInfo) -> DeviceMemory:
+        """One GPU of this machine, or its RAM without one."""
+        if hardware.accelerator == "cuda" and hardware.gpu_memory_gib:
+            return cls.of("cuda", hardware.gpu_memory_gib)
+        return cls.of("cpu", hardware.memory_gib)
+
 
 class Fit(str, enum.Enum):
     """How one request of a context length compares with an estimate, its error included."""
@@ -168,6 +176,18 @@ class KvEstimate:
     def to_dict(self) -> dict:
         return {"tokens": self.tokens, "bytes": self.bytes, "basis": self.basis, "error": self.error,
                 "longest_context": self.longest_context}
+
+
+@dataclass(frozen=True)
+class KvPrediction:
+    """What was expected of a launched configuration's KV cache, kept beside what vLLM then logged."""
+
+    estimate: KvEstimate
+    context_len: int  # max_model_len as vLLM runs it
+    fit: Fit
+
+    def to_dict(self) -> dict:
+        return {**self.estimate.to_dict(), "context_len": self.context_len, "fit": self.fit.value}
 
 
 def estimate_kv(model: ModelMemory, device: DeviceMemory, config: EngineConfig) -> KvEstimate:
