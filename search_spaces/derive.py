@@ -219,8 +219,8 @@ class _Derivation:
     def result(self) -> DerivedSpace:
         comments = [f"# {r.setting}: {r.values}: {r.reason}" for r in self.ranges]
         where = "one GPU" if self.device.platform == "cuda" else "CPU"
-        header = [f"# Derived by tuner (`--space auto`, `tuner space suggest`) for {self.model.architecture} on {where} of "
-                  f"{self.device.total_bytes / GiB:.1f} GiB, replaying {Path(self.trace.source).name} "
+        header = [f"# Derived by tuner (`--space auto`, `tuner space suggest`) for {self.model.architecture} on "
+                  f"{where} of {self.device.total_bytes / GiB:.1f} GiB, replaying {Path(self.trace.source).name} "
                   f"({len(self.trace.requests)} requests).", *comments]
         body = yaml.safe_dump({"name": AUTO_SPACE, "description": f"derived for {self.model.architecture} on "
                                f"{where} of {self.device.total_bytes / GiB:.1f} GiB",

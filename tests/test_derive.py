@@ -13,8 +13,10 @@ from conftest import AZURE_CONV, run_tuner
 from search_spaces import PREDICTED_KV_INSUFFICIENT, SpaceContext
 from search_spaces.derive import derive_space
 from test_kv_budget import H200, H200_TABLE
+from storage import Repository
 from tuner.errors import TunerError
-from tuner.kv_budget import ESTIMATE_ERROR, DeviceMemory, estimate_kv, read_model_memory
+from tuner.hardware import detect_hardware
+from tuner.kv_budget import ESTIMATE_ERROR, DeviceMemory, ModelMemory, estimate_kv, read_model_memory
 from tuner.models import write_architecture
 from tuner.paths import bundled_trace
 from tuner.traces.selection import TraceSelection, load_trace
@@ -52,7 +54,8 @@ def test_shipped_architectures_get_sensible_ranges_for_an_h200(architectures, na
     assert "0% clipped" in _ranges(derived)["max_model_len"].reason
     seqs = space.parameters["max_num_seqs"]
     mean = sum(contexts) / len(contexts)
-    assert seqs.high == min(1000, int(estimate_kv(model, H200, EngineConfig(gpu_memory_utilization=0.95)).tokens / mean))
+    top = estimate_kv(model, H200, EngineConfig(gpu_memory_utilization=0.95))
+    assert seqs.high == min(1000, int(top.tokens / mean))
     assert 1 <= seqs.low < seqs.high and seqs.log
     assert space.parameters["kv_cache_dtype"].choices == ("auto", "fp8")
     assert "enable_prefix_caching" not in space.parameters  # the Azure trace has no prefix blocks
@@ -122,3 +125,17 @@ def test_bad_input_is_one_line_naming_the_cause_and_exit_2(architectures, tmp_pa
 def test_a_gpu_that_holds_the_weights_but_not_one_request_is_refused(architectures):
     with pytest.raises(TunerError, match="short of one request of"):
         derive_space(read_model_memory(architectures["qwen2.5-32b"]), DeviceMemory.of("cuda", 67), TRACE, "clip")
+
+
+def test_study_create_with_space_auto_stores_the_derived_text_and_the_models_sizes(tiny_model, tmp_path):
+    storage = f"sqlite:///{tmp_path / 'tuner.db'}"
+    selection = ["--max-requests", "16", "--rate-scale", "100", "--fit", "clip"]
+    run_tuner("study", "create", "auto", "--model", str(tiny_model), "--space", "auto", *selection,
+              "--storage", storage, "--artifacts", str(tmp_path / "artifacts"))
+    settings = Repository(storage).get_study("auto")
+    trace = load_trace(bundled_trace(), TraceSelection(max_requests=16, rate_scale=100.0, fit="clip"))
+    model = read_model_memory(tiny_model)
+    derived = derive_space(model, DeviceMemory.of_machine(detect_hardware()), trace, "clip")
+    assert (settings.space_name, settings.space_text) == ("auto", derived.space.text)
+    # A run judges proposals on the sizes stored at creation, without reading the folder again.
+    assert ModelMemory(**settings.model_info["memory"]) == model

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
 from conftest import AZURE_CONV
-from search_spaces import PLATFORMS, PREDICTED_KV_INSUFFICIENT, SpaceContext, load_space, parse_comparison, shipped_spaces
+from search_spaces import (PLATFORMS, PREDICTED_KV_INSUFFICIENT, SpaceContext, load_space, parse_comparison,
+                           shipped_spaces)
 from tuner.errors import TunerError
 from tuner.kv_budget import DeviceMemory, ModelMemory
 from tuner.models import ModelInfo

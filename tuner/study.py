@@ -35,7 +35,8 @@ from storage.urls import default_artifact_dir, default_storage_url
 from tuner.bottleneck import measurement_attrs
 from tuner.errors import NotFound, TunerError
 from tuner.hardware import detect_hardware
-from tuner.kv_budget import DeviceMemory, KvPrediction, estimate_kv, logged_kv_tokens, read_model_memory
+from tuner.kv_budget import (DeviceMemory, KvPrediction, ModelMemory, estimate_kv, logged_kv_tokens,
+                             read_model_memory)
 from tuner.models import ModelInfo, inspect_model
 from tuner.pruning import BoundaryWatch
 from tuner.samplers import DEFAULT_SAMPLER, make_sampler
@@ -58,6 +59,7 @@ RERUN_ATTR = "rerun_of"  # a configuration re-run because its worker was lost or
 WARM_START_ATTR = "warm_start_from"  # a configuration carried over from an earlier study
 KV_PREDICTION_ATTR = "kv_prediction"  # a launched trial's estimated KV cache (KvPrediction.to_dict())...
 KV_LOGGED_ATTR = "kv_logged_tokens"  # ...and the size vLLM then logged, beside its state and failure class
+MODEL_MEMORY_KEY = "memory"  # the model's sizes (ModelMemory's fields) in a study's stored model_info
 WINDOW_END = "stopped at the window's end"
 NO_TIME_LEFT = "no time left in the window for another trial"
 # Proposals rejected before launch cost no trial of a run's budget, up to this many in a row (a space whose
@@ -141,16 +143,19 @@ def study_context(settings: StudySettings, plan: StoragePlan) -> StudyContext:
         raise TunerError(f"{settings.trace_path} changed since study {settings.name!r} was created "
                          f"(sha256 {trace.sha256[:12]}, stored {settings.trace_sha256[:12]})")
     space = _stored_space(settings)
+    # The model's sizes as stored at creation (no transformers import per run); a study created before they
+    # were stored reads them from the folder.
+    stored = settings.model_info.get(MODEL_MEMORY_KEY)
+    memory = ModelMemory(**stored) if stored else read_model_memory(settings.model)
     return StudyContext(settings, space, boundary(settings.boundary, settings.limits), selection, trace,
-                        machine_space_context(inspect_model(settings.model), trace, selection.fit))
+                        machine_space_context(inspect_model(settings.model), memory, trace, selection.fit))
 
 
-def machine_space_context(info: ModelInfo, trace: Trace, fit: str | None) -> SpaceContext:
+def machine_space_context(info: ModelInfo, memory: ModelMemory, trace: Trace, fit: str | None) -> SpaceContext:
     """What a proposal is judged against on this machine, its estimated KV cache included."""
     hardware = detect_hardware()
     platform = "cuda" if hardware.accelerator == "cuda" else "cpu"
-    return SpaceContext.for_run(platform, info, trace, fit, read_model_memory(info.path),
-                                DeviceMemory.of_machine(hardware))
+    return SpaceContext.for_run(platform, info, trace, fit, memory, DeviceMemory.of_machine(hardware))
 
 
 def create_study(name: str, *, model: str | Path, trace_path: str | Path, selection: TraceSelection,
@@ -164,8 +169,9 @@ def create_study(name: str, *, model: str | Path, trace_path: str | Path, select
     bound = boundary(boundary_name, limits)
     info = inspect_model(model)
     trace = load_trace(trace_path, selection)
-    space_context = machine_space_context(info, trace, selection.fit)
-    loaded_space = (derive_space(space_context.model_memory, space_context.device, trace, selection.fit).space
+    memory = read_model_memory(model)
+    space_context = machine_space_context(info, memory, trace, selection.fit)
+    loaded_space = (derive_space(memory, space_context.device, trace, selection.fit).space
                     if str(space) == AUTO_SPACE else load_space(space))
     refused = loaded_space.violations(loaded_space.baseline(), space_context)
     if refused:
@@ -180,7 +186,7 @@ def create_study(name: str, *, model: str | Path, trace_path: str | Path, select
         model=str(Path(model).resolve()),
         model_info={"architecture": info.architecture, "vocab_size": info.vocab_size,
                     "max_position_embeddings": info.max_position_embeddings,
-                    "kv_bytes_per_token": info.kv_bytes_per_token},
+                    "kv_bytes_per_token": info.kv_bytes_per_token, MODEL_MEMORY_KEY: dataclasses.asdict(memory)},
         trace_path=str(Path(trace_path).resolve()), trace_sha256=trace.sha256, trace_selection=selection.to_dict(),
         boundary=bound.name, limits=limits, space_name=loaded_space.name, space_text=loaded_space.text,
         sampler=sampler, seed=seed, request_timeout_s=request_timeout_s, startup_timeout_s=startup_timeout_s)
