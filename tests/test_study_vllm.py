@@ -15,7 +15,7 @@ import pytest
 
 from conftest import AZURE_CONV, REPO, run_tuner as tuner, vllm_processes
 from storage import Repository
-from tuner.study import StoragePlan, enqueue_config, recommend
+from tuner.study import StoragePlan, enqueue_config
 from workers.engine_config import EngineConfig
 from workers.launch import free_port
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import csv
 import html
 import math
-import re
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
