@@ -3,6 +3,7 @@
 from search_spaces.space import (
     BUILT_IN_RULES,
     PLATFORMS,
+    PREDICTED_KV_INSUFFICIENT,
     SearchSpace,
     SpaceContext,
     load_space,
@@ -11,5 +12,5 @@ from search_spaces.space import (
     shipped_spaces,
 )
 
-__all__ = ["BUILT_IN_RULES", "PLATFORMS", "SearchSpace", "SpaceContext", "load_space", "parse_comparison",
+__all__ = ["BUILT_IN_RULES", "PLATFORMS", "PREDICTED_KV_INSUFFICIENT", "SearchSpace", "SpaceContext", "load_space", "parse_comparison",
            "parse_space", "shipped_spaces"]

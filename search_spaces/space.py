@@ -22,6 +22,7 @@ import yaml
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 
 from tuner.errors import TunerError
+from tuner.kv_budget import DeviceMemory, Fit, ModelMemory, estimate_kv
 from tuner.traces.transforms import FIT_MODES
 from workers.engine_config import EngineConfig
 
@@ -30,6 +31,8 @@ if TYPE_CHECKING:
     from tuner.traces.records import Trace
 
 Scalar = bool | int | float | str
+# How a proposal refused for its estimated KV cache is named, in its reasons and as its failure class.
+PREDICTED_KV_INSUFFICIENT = "kv_insufficient (predicted)"
 
 # "int", "float", "bool" or "str" for every EngineConfig field (its annotations are strings like "int | None").
 _FIELD_KINDS = {f.name: str(f.type).split(" |")[0] for f in fields(EngineConfig)}
@@ -62,6 +65,10 @@ class SpaceContext:
     longest_request_tokens: int  # max input + output over the trace that will be replayed
     fit: str | None  # "clip" or "scale": the trace is fitted to max_model_len, so a short context is allowed
     model_max_len: int  # the model's max_position_embeddings
+    # The model's sizes and the device's memory: with both, a proposal whose estimated KV cache cannot hold one
+    # request of its max_model_len is refused before launch.
+    model_memory: ModelMemory | None = None
+    device: DeviceMemory | None = None
 
     def __post_init__(self) -> None:
         if self.platform not in PLATFORMS:
@@ -74,10 +81,11 @@ class SpaceContext:
             raise TunerError(f"model_max_len must be at least 1, got {self.model_max_len}")
 
     @classmethod
-    def for_run(cls, platform: str, model: ModelInfo, trace: Trace, fit: str | None) -> SpaceContext:
+    def for_run(cls, platform: str, model: ModelInfo, trace: Trace, fit: str | None,
+                model_memory: ModelMemory | None = None, device: DeviceMemory | None = None) -> SpaceContext:
         """The context of replaying `trace` (as read, before any fitting) against `model` on `platform`."""
         longest = max((r.input_tokens + r.output_tokens for r in trace.requests), default=0)
-        return cls(platform, longest, fit, model.max_position_embeddings)
+        return cls(platform, longest, fit, model.max_position_embeddings, model_memory, device)
 
 
 # ---- built-in rules: each returns why a configuration is infeasible, or None ----
@@ -135,6 +143,22 @@ def kv_cache_dtype_on_platform(config: EngineConfig, context: SpaceContext) -> s
     return f"kv_cache_dtype {kv_dtype} is not available on {context.platform}"
 
 
+def kv_cache_holds_one_request(config: EngineConfig, context: SpaceContext) -> str | None:
+    """The estimated KV cache holds one request of max_model_len: vLLM refuses to start otherwise. Refused only
+    when even the estimate's error could not make it fit; a proposal near the margin is launched."""
+    if context.model_memory is None or context.device is None:
+        return None
+    estimate = estimate_kv(context.model_memory, context.device, config)
+    if estimate.fit(_context_len(config, context)) is not Fit.SHORT:
+        return None
+    if estimate.bytes <= 0:
+        weights = context.model_memory.weight_bytes(config.dtype) / 2**30
+        return (f"{PREDICTED_KV_INSUFFICIENT}: the weights ({weights:.1f} GiB) and the engine's overheads leave no "
+                f"KV cache at gpu_memory_utilization {config.gpu_memory_utilization or 'default'}")
+    return (f"{PREDICTED_KV_INSUFFICIENT}: the KV cache is estimated at {estimate.describe()}, "
+            f"below one request of {_context_label(config, context)}")
+
+
 def unchunked_batch_holds_context(config: EngineConfig, context: SpaceContext) -> str | None:
     """With enable_chunked_prefill false, max_num_batched_tokens >= max_model_len: vLLM refuses otherwise.
 
@@ -151,7 +175,7 @@ def unchunked_batch_holds_context(config: EngineConfig, context: SpaceContext) -
 Rule = Callable[[EngineConfig, SpaceContext], str | None]
 BUILT_IN_RULES: tuple[Rule, ...] = (
     batched_tokens_cover_seqs, context_holds_longest_request, context_within_model,
-    dtype_on_platform, kv_cache_dtype_on_platform, unchunked_batch_holds_context,
+    dtype_on_platform, kv_cache_dtype_on_platform, unchunked_batch_holds_context, kv_cache_holds_one_request,
 )
 
 

@@ -177,7 +177,8 @@ class Repository:
             session.flush()
             if requests:
                 session.execute(insert(RequestRow), [{"trial_id": row.id, **asdict(r)} for r in requests])
-            if trial.failure_class is not None:
+            # A proposal refused before launch (kv_insufficient (predicted)) has a failure class but no launch.
+            if trial.failure_class is not None and trial.state != "infeasible":
                 session.add(LaunchFailureRow(
                     trial_id=row.id, failure_class=trial.failure_class, message=trial.failure_message or "",
                     exit_code=trial.exit_code, log_excerpt=trial.log_excerpt or "",

@@ -26,7 +26,8 @@ parameters:
   num_gpu_blocks_override: {type: int, low: 4, high: 96}
   max_num_batched_tokens: {type: categorical, choices: [256, 1024, 2048]}
 """
-# Run after the baseline (trial 0): one that cannot start, one that preempts.
+# Run after the baseline (trial 0): one whose KV cache cannot hold a request (refused before launch), one that
+# preempts.
 KV_INSUFFICIENT = EngineConfig(max_num_seqs=8, max_num_batched_tokens=1024, num_gpu_blocks_override=4)
 PRESSURED = EngineConfig(max_num_seqs=16, max_num_batched_tokens=1024, num_gpu_blocks_override=24)
 # Sixteen requests from 300 s into the Azure conversation trace, arriving together: long answers (about 430
@@ -38,7 +39,8 @@ SLICE = ["--trace", str(AZURE_CONV), "--window", "300:400", "--max-requests", "1
 
 @pytest.fixture(scope="module")
 def study(tiny_model, tmp_path_factory):
-    """Three trials: vLLM's defaults, a KV cache too small to start, and one that preempts."""
+    """Three trials: vLLM's defaults, a KV cache too small to start (refused before launch, costing no trial of
+    the budget), and one that preempts."""
     root = tmp_path_factory.mktemp("report")
     (root / "space.yaml").write_text(SPACE)
     storage = f"sqlite:///{root / 'tuner.db'}"
@@ -50,7 +52,7 @@ def study(tiny_model, tmp_path_factory):
         enqueue_config("r", plan, config)
     # The report draws the boundary, so the limits stay; pruning is off, so that the pressured trial runs to its
     # end however loaded the machine.
-    tuner("study", "run", "r", "--trials", "3", "--no-prune", *common)
+    tuner("study", "run", "r", "--trials", "2", "--no-prune", *common)
     return {"root": root, "common": common}
 
 
@@ -64,7 +66,7 @@ def test_study_report_renders_in_headless_chromium_with_every_plot(study):
     data = json.loads(tuner("study", "report", "r", "--json", *study["common"]).stdout)
     rows = {r["trial"]: r for r in data["trials"]}
     assert sorted(rows) == [0, 1, 2] and "default" in rows[0]["roles"]
-    assert rows[1]["failure_class"] == "kv_insufficient" and rows[1]["state"] == "failed"
+    assert rows[1]["failure_class"] == "kv_insufficient (predicted)" and rows[1]["state"] == "infeasible"
     assert rows[2]["preemptions"] > 0 and rows[2]["kv_tokens"] == 24 * 128  # as vLLM logged it
     assert data["recommendation"]["hardware"]["cpu_cores"] >= 1 and data["recommendation"]["vllm_version"] == "0.32.0"
     assert data["pareto"] and data["recommendation"]["trial"] in data["pareto"]

@@ -12,8 +12,10 @@ from hypothesis import strategies as st
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
 from conftest import AZURE_CONV
-from search_spaces import PLATFORMS, SpaceContext, load_space, parse_comparison, shipped_spaces
+from search_spaces import (PLATFORMS, PREDICTED_KV_INSUFFICIENT, SpaceContext, load_space, parse_comparison,
+                           shipped_spaces)
 from tuner.errors import TunerError
+from tuner.kv_budget import DeviceMemory, ModelMemory
 from tuner.models import ModelInfo
 from tuner.traces.records import Trace, TraceRequest
 from tuner.traces.selection import TraceSelection, load_trace
@@ -326,6 +328,45 @@ def test_every_broken_rule_is_reported_at_once(tmp_path):
     assert len(reasons) == 3
     assert any("max_num_seqs" in r for r in reasons) and any("float16" in r for r in reasons)
     assert any("max_position_embeddings" in r for r in reasons)
+
+
+# ---- the estimated KV cache must hold one request ----
+
+# The tests' tiny model (2048 bytes of KV per token, blocks of 128 tokens on CPU) and Llama-3.1-8B on an H200.
+TINY = ModelMemory("LlamaForCausalLM", 4, 2, 64, 256, 512, 2_623_744, "bfloat16", 4096)
+LLAMA8B = ModelMemory("LlamaForCausalLM", 32, 8, 128, 4096, 14336, 8_030_261_248, "bfloat16", 131072)
+TINY_KV = SpaceContext("cpu", 1024, "clip", 4096, TINY, DeviceMemory.of("cpu", 16))
+LLAMA8B_KV = SpaceContext("cuda", 1024, "clip", 131072, LLAMA8B, DeviceMemory("cuda", 143771 * 2**20))
+
+
+@pytest.mark.parametrize("config, context, expected", [
+    # 1 MiB holds 4 blocks of 128 tokens: 512, half of one request.
+    (EngineConfig(kv_cache_memory_bytes=2**20, max_model_len=1024), TINY_KV,
+     "the KV cache is estimated at 512 tokens from kv_cache_memory_bytes, below one request of max_model_len (1024)"),
+    (EngineConfig(kv_cache_memory_bytes=2**24, num_gpu_blocks_override=7, max_model_len=1024), TINY_KV,
+     "the KV cache is estimated at 896 tokens from num_gpu_blocks_override"),
+    # 0.15 of an H200 leaves about 40,000 tokens beside the weights: the model's 131,072 cannot fit.
+    (EngineConfig(gpu_memory_utilization=0.15), LLAMA8B_KV,
+     "the KV cache is estimated at 39,328 tokens (+/-5%) from gpu_memory_utilization, below one request of "
+     "max_model_len (unset: the model's 131072)"),
+    (EngineConfig(gpu_memory_utilization=0.1, max_model_len=1024), LLAMA8B_KV,
+     "the weights (15.0 GiB) and the engine's overheads leave no KV cache at gpu_memory_utilization 0.1"),
+])
+def test_a_kv_cache_estimated_short_of_one_request_is_refused_as_predicted(tmp_path, config, context, expected):
+    reasons = load_space(write(tmp_path, EMPTY)).violations(config, context)
+    assert len(reasons) == 1 and reasons[0].startswith(f"{PREDICTED_KV_INSUFFICIENT}: {expected}")
+
+
+@pytest.mark.parametrize("config, context", [
+    (EngineConfig(kv_cache_memory_bytes=2**19 + 2**18, max_model_len=384), TINY_KV),  # exactly 3 blocks
+    (EngineConfig(num_gpu_blocks_override=8, max_model_len=1024), TINY_KV),
+    (EngineConfig(gpu_memory_utilization=0.15, max_model_len=32768), LLAMA8B_KV),
+    # Near the margin (39,328 tokens, +/-5%): launched, so that the real outcome tells.
+    (EngineConfig(gpu_memory_utilization=0.15, max_model_len=41_000), LLAMA8B_KV),
+    (EngineConfig(gpu_memory_utilization=0.15), CUDA),  # no model sizes in the context: not judged
+])
+def test_a_kv_cache_that_holds_one_request_or_may_is_launched(tmp_path, config, context):
+    assert load_space(write(tmp_path, EMPTY)).violations(config, context) == []
 
 
 # ---- file constraints ----

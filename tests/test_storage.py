@@ -206,6 +206,22 @@ def test_kv_failure_without_requests(repo):
         ("kv_insufficient", 2048)]
 
 
+def test_a_proposal_refused_before_launch_keeps_its_class_but_is_no_launch_failure(repo):
+    repo.save_study(settings())
+    reason = ("kv_insufficient (predicted): the KV cache is estimated at 512 tokens from num_gpu_blocks_override, "
+              "below one request of max_model_len (1024)")
+    refused = StoredTrial(
+        study_name="s1", trial_number=2, attempt=1, state="infeasible", engine_config={"num_gpu_blocks_override": 4},
+        serve_command="vllm serve /models/tiny --num-gpu-blocks-override 4", measurement=None,
+        failure_class="kv_insufficient (predicted)", failure_message=reason, log_excerpt=None,
+        estimated_max_model_len=None, exit_code=None, timings={}, hardware={}, vllm_version="",
+        started_at="2025-05-01T10:00:00+00:00", finished_at="2025-05-01T10:00:00+00:00",
+        score={"feasible": False, "violations": [reason]})
+    repo.save_trial(refused, [])
+    assert repo.trials("s1") == [refused]
+    assert repo.launch_failures("s1") == [] and row_count(repo, "tuner_launch_failures") == 0
+
+
 def test_foreign_keys_are_enforced(repo):
     repo.save_study(settings())
     trial_id = repo.save_trial(stored(trial_record(request_records(4), died=True), state="failed"),

@@ -15,7 +15,7 @@ import pytest
 
 from conftest import AZURE_CONV, NO_LATENCY_LIMIT_ARGS, REPO, run_tuner as tuner, vllm_processes
 from storage import Repository
-from tuner.study import StoragePlan, enqueue_config, recommend
+from tuner.study import StoragePlan, enqueue_config
 from workers.engine_config import EngineConfig
 from workers.launch import free_port
 
@@ -23,7 +23,8 @@ pytestmark = pytest.mark.vllm
 
 # The shipped cpu-small space; each of these is run ahead of the sampler, in this order (the baseline is trial
 # 0). Enqueued values may lie outside the space's ranges: 8 batched tokens (below 16 sequences, refused before
-# launch) and 4 blocks of KV cache (512 tokens, too few for max_model_len 1024: kv_insufficient).
+# launch) and 4 blocks of KV cache (512 tokens, too few for max_model_len 1024: refused before launch as
+# kv_insufficient (predicted)).
 INFEASIBLE = EngineConfig(max_num_seqs=16, max_num_batched_tokens=8, num_gpu_blocks_override=48)
 KV_INSUFFICIENT = EngineConfig(max_num_seqs=8, max_num_batched_tokens=1024, num_gpu_blocks_override=4)
 PRESSURED = EngineConfig(max_num_seqs=16, max_num_batched_tokens=1024, num_gpu_blocks_override=24)
@@ -42,8 +43,8 @@ def study(tiny_model, tmp_path_factory):
     plan = StoragePlan.resolve(storage, root / "artifacts")
     for config in (INFEASIBLE, KV_INSUFFICIENT, PRESSURED):
         enqueue_config("s", plan, config)
-    # Four trials of the budget and five in all: the proposal refused before launch costs none.
-    run = tuner("study", "run", "s", "--trials", "4", "--json", *common)
+    # Three trials of the budget and five in all: the two proposals refused before launch cost none.
+    run = tuner("study", "run", "s", "--trials", "3", "--json", *common)
     return {"root": root, "storage": storage, "common": common, "plan": plan, "run": json.loads(run.stdout)}
 
 
@@ -70,17 +71,26 @@ def test_an_infeasible_proposal_is_rejected_without_launch(study):
     assert frozen.constraints["search_space_rules"] > 0
 
 
-def test_kv_insufficient_is_a_failed_trial_never_recommended(study):
+def test_a_kv_cache_predicted_too_small_is_refused_without_launch(study):
     trial = _trials(study)[2]
-    assert trial.state == "failed" and trial.failure_class == "kv_insufficient"
-    assert trial.estimated_max_model_len is not None and trial.estimated_max_model_len < 1024
-    failures = Repository(study["storage"]).launch_failures("s")
-    assert [f["failure_class"] for f in failures if f["trial_number"] == 2] == ["kv_insufficient"]
-    assert "estimated maximum model length" in failures[[f["trial_number"] for f in failures].index(2)]["log_excerpt"]
+    assert trial.state == "infeasible" and trial.failure_class == "kv_insufficient (predicted)"
+    assert trial.failure_message.startswith("kv_insufficient (predicted): the KV cache is estimated at 512 tokens")
+    assert not (study["root"] / "artifacts" / "trials" / "s" / "trial-0002").exists(), "it must never launch"
+    frozen = optuna.load_study(study_name="s", storage=study["storage"]).trials[2]
+    assert frozen.constraints["search_space_rules"] > 0 and frozen.user_attrs["failure_class"] == trial.failure_class
+    assert study["run"]["trials"][2]["failure_class"] == "kv_insufficient (predicted)"
+
+
+def test_every_launched_trial_keeps_its_kv_estimate_beside_the_size_vllm_logged(study):
+    """The estimate is exact for an explicit budget on the CPU build: its stated error there is 0."""
     optuna_study = optuna.load_study(study_name="s", storage=study["storage"])
-    assert optuna_study.trials[2].state is optuna.trial.TrialState.FAIL
-    rec = recommend(Repository(study["storage"]), Repository(study["storage"]).get_study("s"), optuna_study)
-    assert rec is not None and rec.trial.trial_number != 2
+    launched = [t for t in optuna_study.trials if t.number in (0, 3, 4)]
+    for trial in launched:
+        predicted = trial.user_attrs["kv_prediction"]
+        assert predicted["error"] == 0.0 and predicted["fit"] == "fits" and predicted["context_len"] == 1024
+        assert trial.user_attrs["kv_logged_tokens"] == predicted["tokens"]
+    # The baseline: 256 MiB of 2,048-byte tokens; the pressured trial: 24 blocks of 128 tokens.
+    assert [t.user_attrs["kv_logged_tokens"] for t in launched[:2]] == [131072, 24 * 128]
 
 
 def test_pareto_front_and_recommendation(study, monkeypatch):
@@ -112,7 +122,8 @@ def test_export_holds_every_trial_with_its_measurements(study):
     assert sorted(rows) == [0, 1, 2, 3, 4]
     for number in (0, 3):
         assert rows[number]["measurement"]["completed"] == 16 and len(rows[number]["requests"]) == 16
-    assert rows[2]["failure_class"] == "kv_insufficient" and rows[1]["state"] == "infeasible"
+    assert rows[2]["failure_class"] == "kv_insufficient (predicted)" and rows[2]["state"] == "infeasible"
+    assert rows[1]["state"] == "infeasible"
     assert any(t["pareto"] for t in exported["trials"])
 
 

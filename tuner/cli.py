@@ -25,9 +25,11 @@ app = typer.Typer(help="Find the vLLM engine settings that serve your own traffi
 model_app = typer.Typer(help="Models that need no download.", no_args_is_help=True)
 trace_app = typer.Typer(help="Recorded request traces.", no_args_is_help=True)
 trial_app = typer.Typer(help="One engine configuration, launched and measured.", no_args_is_help=True)
+space_app = typer.Typer(help="Search spaces.", no_args_is_help=True)
 app.add_typer(model_app, name="model")
 app.add_typer(trace_app, name="trace")
 app.add_typer(trial_app, name="trial")
+app.add_typer(space_app, name="space")
 app.add_typer(study_app, name="study")
 app.add_typer(schedule_app, name="schedule")
 app.command("dashboard")(dashboard)
@@ -121,6 +123,49 @@ def trace_inspect(file: Annotated[Path, typer.Argument(help="A trace file.")], f
     for step in trace.transformations:
         table.add_row("transformation", step.describe())
     out.print(table)
+
+
+# --- search spaces ------------------------------------------------------------------------------------
+
+
+@space_app.command("suggest")
+def space_suggest(
+    model: Annotated[Optional[Path], typer.Option(help="Model folder; default: the tiny model.")] = None,
+    trace: Annotated[Optional[Path], typer.Option(help="Trace file; default: the bundled Azure cut.")] = None,
+    gpu_memory: Annotated[Optional[float], typer.Option(
+        help="One GPU's memory in GiB as nvidia-smi reports it (an H200: 140.4); default: this machine's GPU, "
+             "or its RAM for the CPU build.")] = None,
+    format: FormatOption = None, window: WindowOption = None, rate_scale: RateOption = None,
+    max_requests: CapOption = None, fit: FitOption = None,
+    out_file: Annotated[Optional[Path], typer.Option("--out", help="Write the space's YAML here.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON: the ranges and the space's text.")] = False,
+) -> None:
+    """Derive a search space from the model, the GPU (or this machine) and the trace, with the reason for every
+    range; `tuner study create --space auto` derives and stores the same."""
+    from search_spaces.derive import derive_space
+    from tuner.hardware import detect_hardware
+    from tuner.kv_budget import DeviceMemory, read_model_memory
+    from tuner.models import default_model
+    from tuner.paths import bundled_trace
+    from tuner.traces.selection import TraceSelection, load_trace
+
+    if gpu_memory is not None and gpu_memory <= 0:
+        raise TunerError(f"--gpu-memory must be above 0 GiB, got {gpu_memory:g}")
+    device = DeviceMemory.of("cuda", gpu_memory) if gpu_memory is not None else DeviceMemory.of_machine(
+        detect_hardware())
+    selection = TraceSelection.from_options(window, max_requests, rate_scale, fit)
+    loaded = load_trace(trace or bundled_trace(), selection, format=format)
+    derived = derive_space(read_model_memory(model or default_model()), device, loaded, selection.fit)
+    if out_file is not None:
+        out_file.write_text(derived.space.text)
+    if as_json:
+        return print_json(derived.to_dict())
+    table = Table("setting", "values", "reason", title=derived.space.description)
+    for derived_range in derived.ranges:
+        table.add_row(derived_range.setting, derived_range.values, derived_range.reason)
+    out.print(table)
+    if out_file is not None:
+        out.print(f"space written to {out_file}")
 
 
 # --- trials -------------------------------------------------------------------------------------------

@@ -15,7 +15,6 @@ from __future__ import annotations
 import csv
 import html
 import math
-import re
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -27,12 +26,12 @@ from storage import StoredRequest, StoredTrial, StudySettings
 from tuner.scoring import Boundary, boundary
 from tuner.study import Recommendation
 from tuner.describe import boundary_line, hardware_line, recommendation_dict
+from tuner.kv_budget import logged_kv_tokens
 from workers.server_metrics import TimelineSample
 
 TIMELINE_FILE = "timeline.csv"  # t_s,running,waiting,kv_usage, sampled every 0.25 s during the replay
 NO_TIMELINE = "no timeline recorded"
 DEFAULT_LABEL = "vLLM default"
-_KV_LOG = re.compile(r"KV cache size: ([\d,]+) tokens")
 
 COLORS = {"default": "#1f77b4", "recommended": "#d62728", "queue": "#ff7f0e", "inference": "#1f77b4",
           "feasible": "#2ca02c", "other": "#9e9e9e", "front": "#ff7f0e", "dominated": "#17becf"}
@@ -62,11 +61,11 @@ def kv_budget_tokens(trial: StoredTrial, model_info: dict, log_path: Path | None
     """Tokens the KV cache held: as vLLM logged it at startup, else as far as the configuration says."""
     if log_path is not None:
         try:
-            found = _KV_LOG.findall(log_path.read_text(errors="replace"))
+            logged = logged_kv_tokens(log_path.read_text(errors="replace"))
         except OSError:
-            found = []
-        if found:
-            return int(found[-1].replace(",", ""))
+            logged = None
+        if logged is not None:
+            return logged
     config = trial.engine_config
     if config.get("num_gpu_blocks_override") and config.get("block_size"):
         return int(config["num_gpu_blocks_override"]) * int(config["block_size"])

@@ -27,14 +27,17 @@ from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback, fail_s
 from optuna.trial import FrozenTrial, TrialState
 from sqlalchemy.exc import OperationalError
 
-from search_spaces import SearchSpace, SpaceContext, load_space, parse_space
+from search_spaces import PREDICTED_KV_INSUFFICIENT, SearchSpace, SpaceContext, load_space, parse_space
+from search_spaces.derive import AUTO_SPACE, derive_space
 from storage import DatabaseUnreachable, Repository, StoredRequest, StoredTrial, StudySettings
 from storage.artifacts import attach_trial_artifacts
 from storage.urls import default_artifact_dir, default_storage_url
 from tuner.bottleneck import measurement_attrs
 from tuner.errors import NotFound, TunerError
 from tuner.hardware import detect_hardware
-from tuner.models import inspect_model
+from tuner.kv_budget import (DeviceMemory, KvPrediction, ModelMemory, estimate_kv, logged_kv_tokens,
+                             read_model_memory)
+from tuner.models import ModelInfo, inspect_model
 from tuner.pruning import BoundaryWatch
 from tuner.samplers import DEFAULT_SAMPLER, make_sampler
 from tuner.scoring import DIRECTIONS, OBJECTIVE_NAMES, Boundary, Score, boundary, score
@@ -54,6 +57,9 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 BASELINE_ATTR = "baseline"
 RERUN_ATTR = "rerun_of"  # a configuration re-run because its worker was lost or its run stopped mid-trial
 WARM_START_ATTR = "warm_start_from"  # a configuration carried over from an earlier study
+KV_PREDICTION_ATTR = "kv_prediction"  # a launched trial's estimated KV cache (KvPrediction.to_dict())...
+KV_LOGGED_ATTR = "kv_logged_tokens"  # ...and the size vLLM then logged, beside its state and failure class
+MODEL_MEMORY_KEY = "memory"  # the model's sizes (ModelMemory's fields) in a study's stored model_info
 WINDOW_END = "stopped at the window's end"
 NO_TIME_LEFT = "no time left in the window for another trial"
 # Proposals rejected before launch cost no trial of a run's budget, up to this many in a row (a space whose
@@ -136,11 +142,20 @@ def study_context(settings: StudySettings, plan: StoragePlan) -> StudyContext:
     if trace.sha256 != settings.trace_sha256:
         raise TunerError(f"{settings.trace_path} changed since study {settings.name!r} was created "
                          f"(sha256 {trace.sha256[:12]}, stored {settings.trace_sha256[:12]})")
-    info = inspect_model(settings.model)
     space = _stored_space(settings)
-    platform = "cuda" if detect_hardware().accelerator == "cuda" else "cpu"
+    # The model's sizes as stored at creation (no transformers import per run); a study created before they
+    # were stored reads them from the folder.
+    stored = settings.model_info.get(MODEL_MEMORY_KEY)
+    memory = ModelMemory(**stored) if stored else read_model_memory(settings.model)
     return StudyContext(settings, space, boundary(settings.boundary, settings.limits), selection, trace,
-                        SpaceContext.for_run(platform, info, trace, selection.fit))
+                        machine_space_context(inspect_model(settings.model), memory, trace, selection.fit))
+
+
+def machine_space_context(info: ModelInfo, memory: ModelMemory, trace: Trace, fit: str | None) -> SpaceContext:
+    """What a proposal is judged against on this machine, its estimated KV cache included."""
+    hardware = detect_hardware()
+    platform = "cuda" if hardware.accelerator == "cuda" else "cpu"
+    return SpaceContext.for_run(platform, info, trace, fit, memory, DeviceMemory.of_machine(hardware))
 
 
 def create_study(name: str, *, model: str | Path, trace_path: str | Path, selection: TraceSelection,
@@ -153,11 +168,12 @@ def create_study(name: str, *, model: str | Path, trace_path: str | Path, select
     make_sampler(sampler, seed)
     bound = boundary(boundary_name, limits)
     info = inspect_model(model)
-    loaded_space = load_space(space)
     trace = load_trace(trace_path, selection)
-    platform = "cuda" if detect_hardware().accelerator == "cuda" else "cpu"
-    refused = loaded_space.violations(loaded_space.baseline(),
-                                      SpaceContext.for_run(platform, info, trace, selection.fit))
+    memory = read_model_memory(model)
+    space_context = machine_space_context(info, memory, trace, selection.fit)
+    loaded_space = (derive_space(memory, space_context.device, trace, selection.fit).space
+                    if str(space) == AUTO_SPACE else load_space(space))
+    refused = loaded_space.violations(loaded_space.baseline(), space_context)
     if refused:
         raise TunerError(f"the space's baseline (its fixed values) would be refused: {'; '.join(refused)}")
     repo = plan.repository()
@@ -170,7 +186,7 @@ def create_study(name: str, *, model: str | Path, trace_path: str | Path, select
         model=str(Path(model).resolve()),
         model_info={"architecture": info.architecture, "vocab_size": info.vocab_size,
                     "max_position_embeddings": info.max_position_embeddings,
-                    "kv_bytes_per_token": info.kv_bytes_per_token},
+                    "kv_bytes_per_token": info.kv_bytes_per_token, MODEL_MEMORY_KEY: dataclasses.asdict(memory)},
         trace_path=str(Path(trace_path).resolve()), trace_sha256=trace.sha256, trace_selection=selection.to_dict(),
         boundary=bound.name, limits=limits, space_name=loaded_space.name, space_text=loaded_space.text,
         sampler=sampler, seed=seed, request_timeout_s=request_timeout_s, startup_timeout_s=startup_timeout_s)
@@ -422,6 +438,7 @@ class StudyRunner:
         if violations:
             return self._infeasible(trial, config, baseline, violations)
         max_model_len = config.max_model_len or self.ctx.space_context.model_max_len
+        self._record_prediction(trial, config, max_model_len)
         trace = fit_trace(self.ctx.trace, self.ctx.selection, max_model_len)
         spec = TrialSpec(Path(self.settings.model), trace, config, self._trial_dir(number),
                          startup_timeout_s=self.settings.startup_timeout_s,
@@ -433,6 +450,16 @@ class StudyRunner:
         beat = _Heartbeat(self.storage, trial._trial_id, self.plan.heartbeat_interval_s)
         started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
         return _InFlight(trial, config, baseline, trace, slot, beat, started_at), spec
+
+    def _record_prediction(self, trial: optuna.Trial, config: EngineConfig, max_model_len: int) -> None:
+        """The KV cache expected of a configuration that is launched (near the margin or not), so that the real
+        outcome is recorded beside it."""
+        space_context = self.ctx.space_context
+        if space_context.model_memory is None or space_context.device is None:
+            return
+        estimate = estimate_kv(space_context.model_memory, space_context.device, config)
+        trial.set_user_attr(KV_PREDICTION_ATTR,
+                            KvPrediction(estimate, max_model_len, estimate.fit(max_model_len)).to_dict())
 
     def _trial_dir(self, number: int) -> Path:
         return self.plan.artifact_dir / "trials" / self.settings.name / f"trial-{number:04d}"
@@ -494,14 +521,20 @@ class StudyRunner:
     def _infeasible(self, trial: optuna.Trial, config: EngineConfig, baseline: bool,
                     violations: list[str]) -> TrialSummary:
         """Rejected before launch: told to Optuna as a trial that breaks a constraint, never launched."""
+        predicted = PREDICTED_KV_INSUFFICIENT if any(v.startswith(PREDICTED_KV_INSUFFICIENT)
+                                                     for v in violations) else None
         trial.set_user_attr("infeasible", violations)
         trial.set_user_attr("feasible", False)
+        if predicted is not None:
+            trial.set_user_attr("failure_class", predicted)
         trial.set_constraint("search_space_rules", float(len(violations)))
-        self._not_measured(trial, config, "infeasible", {"feasible": False, "violations": violations})
+        self._not_measured(trial, config, "infeasible", {"feasible": False, "violations": violations},
+                           failure_class=predicted, message="; ".join(violations) if predicted else None)
         # Objective values are required with a completed trial; these are the worst possible and marked so.
         trial.set_user_attr("objective_values", "not measured: rejected before launch")
         self.study.tell(trial, [0.0, self.settings.request_timeout_s])
-        summary = TrialSummary(trial.number, "infeasible", baseline, config, reason="; ".join(violations))
+        summary = TrialSummary(trial.number, "infeasible", baseline, config, failure_class=predicted,
+                               reason="; ".join(violations))
         self._emit("trial_done", {"summary": summary})
         return summary
 
@@ -535,6 +568,13 @@ class StudyRunner:
             for key, value in measurement_attrs(m).items():
                 trial.set_user_attr(key, value)
         trial.set_user_attr("startup_s", record.timings.startup_s)
+        if KV_PREDICTION_ATTR in trial.user_attrs:
+            try:
+                logged = logged_kv_tokens(Path(record.log_path).read_text(errors="replace"))
+            except OSError:  # no log came back from the worker: nothing to set beside the prediction
+                logged = None
+            if logged is not None:
+                trial.set_user_attr(KV_LOGGED_ATTR, logged)
         stored = StoredTrial.from_record(
             self.settings.name, trial.number, record, state=state, attempt=_attempt(self.study, trial),
             score=scored.to_dict() if scored else {}, prune_reason=record.stop_reason,

@@ -51,7 +51,9 @@ def study_create(
                                                               "configuration.")] = None,
     warm_from: Annotated[Optional[str], typer.Option(help="Queue this earlier study's best configurations right "
                                                           "after the baseline.")] = None,
-    space: Annotated[str, typer.Option(help="Search space: a shipped name or a YAML file.")] = "cpu-small",
+    space: Annotated[str, typer.Option(help="Search space: a shipped name, a YAML file, or auto (derived from the "
+                                            "model, this machine and the trace: see `tuner space suggest`).")
+                     ] = "cpu-small",
     boundary: Annotated[str, typer.Option(help="interactive or batch.")] = "interactive",
     limit: Annotated[list[str], typer.Option(help="Override a boundary limit, NAME=VALUE or NAME=none "
                                                   "(repeatable).")] = [],

@@ -1,0 +1,230 @@
+"""A search space derived from the model, the device and the trace, with the reason for every range.
+
+The KV budget decides most of it (tuner.kv_budget): the contexts come from the trace's lengths, the memory range
+from the least that holds one request of the shortest context, the batch sizes from the cache over the trace's
+mean context and from its prompt lengths. The result is written as a search space file, reasons as comments,
+and stored with a study like a hand-written one.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from search_spaces.space import PLATFORMS, SearchSpace, parse_space
+from tuner.errors import TunerError
+from tuner.kv_budget import GiB, BLOCK_TOKENS, DeviceMemory, Fit, ModelMemory, estimate_kv
+from tuner.quantiles import percentile
+from tuner.traces.records import Trace
+from workers.engine_config import EngineConfig
+
+AUTO_SPACE = "auto"  # `--space auto`: derive the space instead of reading a file
+CONTEXT_PERCENTILES = (50, 90, 99, 100)
+CONTEXT_STEP = 256  # max_model_len choices are rounded up to this
+UTILIZATION_STEP = 0.05
+UTILIZATION_HIGH = 0.95  # the rest of the card stays free for the CUDA context and other processes
+MAX_SEQS_CAP = 1024  # vLLM's own default on the largest GPUs
+PROMPT_BATCHES = 4  # max_num_batched_tokens reaches this many of the trace's p99 prompts in one step
+CPU_SHARE_CAP = 0.25  # of RAM, at most, for the KV cache on a machine that others share
+
+
+@dataclass(frozen=True)
+class DerivedRange:
+    """One setting of a derived space: the values offered and why."""
+
+    setting: str
+    values: str  # as offered, e.g. "1024, 2048" or "0.30 to 0.95 (step 0.05)"
+    reason: str
+
+    def to_dict(self) -> dict:
+        return {"setting": self.setting, "values": self.values, "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class DerivedSpace:
+    space: SearchSpace  # parsed back from `space.text`, as a study will read it
+    ranges: tuple[DerivedRange, ...]
+
+    def to_dict(self) -> dict:
+        return {"ranges": [r.to_dict() for r in self.ranges], "text": self.space.text}
+
+
+def _round_up(value: float, step: int) -> int:
+    return max(step, math.ceil(value / step) * step)
+
+
+def _context_choices(contexts: list[int], model: ModelMemory, fit: str | None) -> list[tuple[int, float]]:
+    """max_model_len at the trace's context percentiles, each with the share of requests it would clip."""
+    longest = max(contexts)
+    if fit is None and longest > model.max_position_embeddings:
+        raise TunerError(f"the trace's longest request ({longest} tokens) is beyond the model's context "
+                         f"({model.max_position_embeddings}); fit the trace (--fit clip or scale)")
+    choices: list[tuple[int, float]] = []
+    for q in CONTEXT_PERCENTILES:
+        value = min(_round_up(percentile(contexts, q), CONTEXT_STEP), model.max_position_embeddings)
+        # An unfitted trace needs every request whole: a shorter context would be refused by the rules.
+        if (fit is None and value < longest) or value in (c for c, _ in choices):
+            continue
+        choices.append((value, sum(c > value for c in contexts) / len(contexts)))
+    return choices
+
+
+def derive_space(model: ModelMemory, device: DeviceMemory, trace: Trace, fit: str | None) -> DerivedSpace:
+    """The space for replaying `trace` (as it will be replayed, before fitting) against `model` on `device`."""
+    if not trace.requests:
+        raise TunerError(f"{trace.source}: trace has no requests")
+    contexts = [r.input_tokens + r.output_tokens for r in trace.requests]
+    prompts = [r.input_tokens for r in trace.requests]
+    mean_context = statistics.fmean(contexts)
+    derivation = _Derivation(model, device, trace, _context_choices(contexts, model, fit))
+    derivation.kv_budget()
+    derivation.contexts()
+    derivation.batch(mean_context, prompts)
+    derivation.cache_options()
+    return derivation.result()
+
+
+class _Derivation:
+    """The settings of one derived space, built up one decision at a time."""
+
+    def __init__(self, model: ModelMemory, device: DeviceMemory, trace: Trace, choices: list[tuple[int, float]]):
+        self.model, self.device, self.trace, self.choices = model, device, trace, choices
+        self.fixed: dict = {"enable_chunked_prefill": True}
+        self.parameters: dict = {}
+        self.ranges: list[DerivedRange] = [DerivedRange(
+            "enable_chunked_prefill", "true", "fixed: max_num_batched_tokens below max_model_len needs it")]
+        self.block = BLOCK_TOKENS[device.platform]
+        self.low_config = self.high_config = EngineConfig()  # the smallest and largest KV budget offered
+
+    def tokens(self, config: EngineConfig) -> int:
+        return estimate_kv(self.model, self.device, config).tokens
+
+    def kv_budget(self) -> None:
+        """The setting that sizes the KV cache: gpu_memory_utilization on a GPU, blocks of a fixed budget on CPU."""
+        shortest = self.choices[0][0]
+        if self.device.platform == "cuda":
+            self._utilization(shortest)
+        else:
+            self._cpu_blocks(shortest)
+
+    def _utilization(self, shortest: int) -> None:
+        top = EngineConfig(gpu_memory_utilization=UTILIZATION_HIGH)
+        estimate = estimate_kv(self.model, self.device, top)
+        if estimate.bytes <= 0:
+            raise TunerError(f"the GPU's {self.device.total_bytes / GiB:.1f} GiB cannot hold the model's weights "
+                             f"({self.model.weight_bytes() / GiB:.1f} GiB) and the engine's overheads")
+        if estimate.fit(shortest) is not Fit.FITS:
+            raise TunerError(f"the GPU's {self.device.total_bytes / GiB:.1f} GiB leave a KV cache of "
+                             f"{estimate.describe()} beside the weights, short of one request of {shortest} tokens")
+        steps = range(1, round(UTILIZATION_HIGH / UTILIZATION_STEP) + 1)
+        low = next(round(k * UTILIZATION_STEP, 2) for k in steps if estimate_kv(
+            self.model, self.device, EngineConfig(gpu_memory_utilization=round(k * UTILIZATION_STEP, 2)))
+            .fit(shortest) is Fit.FITS)
+        self.low_config = EngineConfig(gpu_memory_utilization=low)
+        self.high_config = top
+        self.parameters["gpu_memory_utilization"] = {"type": "float", "low": low, "high": UTILIZATION_HIGH,
+                                                     "step": UTILIZATION_STEP}
+        weights = self.model.weight_bytes() / GiB
+        self.ranges.append(DerivedRange(
+            "gpu_memory_utilization", f"{low:.2f} to {UTILIZATION_HIGH:.2f} (step {UTILIZATION_STEP})",
+            f"from the least whose KV cache ({self.tokens(self.low_config):,} tokens beside {weights:.1f} GiB of "
+            f"weights) holds one request of the shortest context ({shortest}); up to "
+            f"{self.tokens(top):,} tokens at {UTILIZATION_HIGH}"))
+
+    def _cpu_blocks(self, shortest: int) -> None:
+        per_block = self.model.kv_bytes_per_token() * self.block
+        whole_trace = sum(r.input_tokens + r.output_tokens for r in self.trace.requests)
+        # Enough for the whole trace in flight at once (more cannot be used) and for the baseline's context.
+        wanted = max(whole_trace, self.model.max_position_embeddings)
+        blocks_high = math.ceil(wanted / self.block)
+        if blocks_high * per_block > CPU_SHARE_CAP * self.device.total_bytes:
+            blocks_high = int(CPU_SHARE_CAP * self.device.total_bytes // per_block)
+        blocks_low = math.ceil(shortest / self.block)
+        if blocks_high < blocks_low:
+            raise TunerError(f"a quarter of this machine's {self.device.total_bytes / GiB:.1f} GiB cannot hold "
+                             f"one request of {shortest} tokens of KV cache")
+        self.fixed.update(enforce_eager=True, kv_cache_memory_bytes=blocks_high * per_block)
+        self.parameters["num_gpu_blocks_override"] = {"type": "int", "low": blocks_low, "high": blocks_high,
+                                                      "log": True}
+        self.low_config = EngineConfig(num_gpu_blocks_override=blocks_low)
+        self.high_config = EngineConfig(num_gpu_blocks_override=blocks_high)
+        self.ranges += [
+            DerivedRange("enforce_eager", "true", "fixed: compiling the model on CPU takes minutes per launch"),
+            DerivedRange("kv_cache_memory_bytes", f"{blocks_high * per_block:,}",
+                         "fixed: the CPU build's default share of RAM is refused on a shared machine; this holds "
+                         f"the whole trace at once ({whole_trace:,} tokens) and the model's full context"),
+            DerivedRange("num_gpu_blocks_override", f"{blocks_low} to {blocks_high} (log)",
+                         f"the KV budget in blocks of {self.block} tokens: from one request of the shortest context "
+                         f"({shortest}) to the whole trace in flight"),
+        ]
+
+    def contexts(self) -> None:
+        """max_model_len from the trace's length percentiles; those the largest budget cannot hold are left out."""
+        largest = estimate_kv(self.model, self.device, self.high_config)
+        offered = [(c, share) for c, share in self.choices if largest.fit(c) is Fit.FITS]
+        left_out = [c for c, share in self.choices if (c, share) not in offered]
+        if not offered:
+            raise TunerError(f"the largest KV budget offered ({largest.describe()}) holds none of the contexts "
+                             f"the trace needs ({', '.join(str(c) for c, _ in self.choices)})")
+        self.parameters["max_model_len"] = {"type": "categorical", "choices": [c for c, _ in offered]}
+        clipped = ", ".join(f"{c}: {share:.0%} clipped" for c, share in offered)
+        reason = f"the trace's context length at p{'/p'.join(map(str, CONTEXT_PERCENTILES))} ({clipped})"
+        if left_out:
+            reason += f"; {', '.join(map(str, left_out))} left out: beyond the largest KV budget offered"
+        self.ranges.append(DerivedRange("max_model_len", ", ".join(str(c) for c, _ in offered), reason))
+
+    def batch(self, mean_context: float, prompts: list[int]) -> None:
+        """max_num_seqs from the KV budget over the mean context; max_num_batched_tokens from the prompts."""
+        cap = min(MAX_SEQS_CAP, len(self.trace.requests))
+        high = max(1, min(cap, int(self.tokens(self.high_config) / mean_context)))
+        low = max(1, min(high, int(self.tokens(self.low_config) / mean_context)))
+        self.parameters["max_num_seqs"] = {"type": "int", "low": low, "high": high, "log": True}
+        self.ranges.append(DerivedRange(
+            "max_num_seqs", f"{low} to {high} (log)",
+            f"the KV budget over the trace's mean context ({mean_context:.0f} tokens), from the smallest budget to "
+            f"the largest, at most {cap} (the trace's requests, or vLLM's largest default)"))
+        batched_low = _round_up(percentile(prompts, 50), CONTEXT_STEP)
+        batched_high = max(_round_up(PROMPT_BATCHES * percentile(prompts, 99), CONTEXT_STEP), 2 * batched_low)
+        self.parameters["max_num_batched_tokens"] = {"type": "int", "low": batched_low, "high": batched_high,
+                                                     "log": True}
+        self.ranges.append(DerivedRange(
+            "max_num_batched_tokens", f"{batched_low} to {batched_high} (log)",
+            f"from the median prompt ({percentile(prompts, 50):.0f} tokens) in one step to {PROMPT_BATCHES} of the "
+            f"p99 prompts ({percentile(prompts, 99):.0f})"))
+
+    def cache_options(self) -> None:
+        """fp8 KV cache where the platform has one; prefix caching where the trace repeats prefix blocks."""
+        if PLATFORMS[self.device.platform].fp8_kv_cache:
+            self.parameters["kv_cache_dtype"] = {"type": "categorical", "choices": ["auto", "fp8"]}
+            self.ranges.append(DerivedRange("kv_cache_dtype", "auto, fp8",
+                                            "fp8 halves the KV cache's bytes per token on this platform"))
+        else:
+            self.ranges.append(DerivedRange("kv_cache_dtype", "not searched",
+                                            f"no fp8 KV cache on {self.device.platform}"))
+        blocks = [b for r in self.trace.requests for b in r.prefix_blocks]
+        repeated = len(blocks) - len(set(blocks))
+        if repeated:
+            self.parameters["enable_prefix_caching"] = {"type": "categorical", "choices": [True, False]}
+            self.ranges.append(DerivedRange("enable_prefix_caching", "true, false",
+                                            f"{repeated} of the trace's {len(blocks)} prefix blocks repeat an "
+                                            "earlier one"))
+        else:
+            self.ranges.append(DerivedRange("enable_prefix_caching", "not searched (vLLM's default)",
+                                            "no prefix block of the trace repeats"))
+
+    def result(self) -> DerivedSpace:
+        comments = [f"# {r.setting}: {r.values}: {r.reason}" for r in self.ranges]
+        where = "one GPU" if self.device.platform == "cuda" else "CPU"
+        header = [f"# Derived by tuner (`--space auto`, `tuner space suggest`) for {self.model.architecture} on "
+                  f"{where} of {self.device.total_bytes / GiB:.1f} GiB, replaying {Path(self.trace.source).name} "
+                  f"({len(self.trace.requests)} requests).", *comments]
+        body = yaml.safe_dump({"name": AUTO_SPACE, "description": f"derived for {self.model.architecture} on "
+                               f"{where} of {self.device.total_bytes / GiB:.1f} GiB",
+                               "fixed": self.fixed, "parameters": self.parameters},
+                              sort_keys=False, default_flow_style=None, width=120)
+        text = "\n".join(header) + "\n" + body
+        return DerivedSpace(parse_space(text, Path(f"{AUTO_SPACE}.yaml")), tuple(self.ranges))

@@ -1,0 +1,141 @@
+"""Search spaces derived from the model, the device and the trace (`--space auto`, `tuner space suggest`)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import optuna
+import pytest
+
+from conftest import AZURE_CONV, run_tuner
+from search_spaces import PREDICTED_KV_INSUFFICIENT, SpaceContext
+from search_spaces.derive import derive_space
+from test_kv_budget import H200, H200_TABLE
+from storage import Repository
+from tuner.errors import TunerError
+from tuner.hardware import detect_hardware
+from tuner.kv_budget import ESTIMATE_ERROR, DeviceMemory, ModelMemory, estimate_kv, read_model_memory
+from tuner.models import write_architecture
+from tuner.paths import bundled_trace
+from tuner.traces.selection import TraceSelection, load_trace
+from workers.engine_config import EngineConfig
+
+TRACE = load_trace(bundled_trace(), TraceSelection())
+
+
+@pytest.fixture(scope="module")
+def architectures(tmp_path_factory) -> dict:
+    root = tmp_path_factory.mktemp("arch")
+    return {name: write_architecture(name, root / name) for name in ("llama-3.1-8b", "qwen2.5-32b")}
+
+
+def _ranges(derived) -> dict:
+    return {r.setting: r for r in derived.ranges}
+
+
+@pytest.mark.parametrize("name, low", [("llama-3.1-8b", 0.15), ("qwen2.5-32b", 0.5)])
+def test_shipped_architectures_get_sensible_ranges_for_an_h200(architectures, name, low):
+    model = read_model_memory(architectures[name])
+    derived = derive_space(model, H200, TRACE, "clip")
+    space = derived.space
+    utilization = space.parameters["gpu_memory_utilization"]
+    # The least utilization whose cache holds the shortest context: just above the weights' share of the card.
+    assert (utilization.low, utilization.high) == (low, 0.95)
+    assert model.weight_bytes() / H200.total_bytes < low
+    # The table's figures at the same settings lie within the stated error of the estimate the ranges come from.
+    for table_name, config, measured in H200_TABLE:
+        if table_name == name:
+            assert abs(estimate_kv(model, H200, config).tokens - measured) <= ESTIMATE_ERROR * measured
+    contexts = [r.input_tokens + r.output_tokens for r in TRACE.requests]
+    choices = space.parameters["max_model_len"].choices
+    assert choices == tuple(sorted(choices)) and choices[-1] >= max(contexts)
+    assert "0% clipped" in _ranges(derived)["max_model_len"].reason
+    seqs = space.parameters["max_num_seqs"]
+    mean = sum(contexts) / len(contexts)
+    top = estimate_kv(model, H200, EngineConfig(gpu_memory_utilization=0.95))
+    assert seqs.high == min(1000, int(top.tokens / mean))
+    assert 1 <= seqs.low < seqs.high and seqs.log
+    assert space.parameters["kv_cache_dtype"].choices == ("auto", "fp8")
+    assert "enable_prefix_caching" not in space.parameters  # the Azure trace has no prefix blocks
+    assert space.fixed == {"enable_chunked_prefill": True}
+    # Every reason is one line, and the stored text carries it.
+    assert all(r.reason and "\n" not in r.reason and r.reason in space.text for r in derived.ranges)
+
+
+def test_an_unfitted_trace_offers_only_contexts_that_hold_every_request(architectures):
+    derived = derive_space(read_model_memory(architectures["llama-3.1-8b"]), H200, TRACE, None)
+    longest = max(r.input_tokens + r.output_tokens for r in TRACE.requests)
+    assert all(c >= longest for c in derived.space.parameters["max_model_len"].choices)
+
+
+def test_prefix_caching_is_offered_when_the_trace_repeats_prefix_blocks(architectures):
+    trace = load_trace(AZURE_CONV.parent / "mooncake_conversation_trace.jsonl", TraceSelection(max_requests=50))
+    derived = derive_space(read_model_memory(architectures["llama-3.1-8b"]), H200, trace, "clip")
+    assert derived.space.parameters["enable_prefix_caching"].choices == (True, False)
+    assert "repeat an earlier one" in _ranges(derived)["enable_prefix_caching"].reason
+
+
+def test_tiny_model_on_cpu_gets_a_budget_whose_low_end_is_refused_before_launch(tiny_model):
+    trace = load_trace(bundled_trace(), TraceSelection(max_requests=16, rate_scale=100.0, fit="clip"))
+    model = read_model_memory(tiny_model)
+    device = DeviceMemory.of("cpu", 16)
+    space = derive_space(model, device, trace, "clip").space
+    assert space.fixed["enforce_eager"] is True and "kv_cache_dtype" not in space.parameters
+    context = SpaceContext("cpu", max(r.input_tokens + r.output_tokens for r in trace.requests), "clip", 4096,
+                           model, device)
+    assert space.violations(space.baseline(), context) == []
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    reasons = [r for _ in range(40) for r in space.violations(space.suggest(study.ask()), context)]
+    # Few blocks with a long context cannot hold one request: those proposals cost no launch.
+    assert any(r.startswith(PREDICTED_KV_INSUFFICIENT) for r in reasons)
+
+
+def test_space_suggest_prints_every_range_with_its_reason_and_writes_the_space(architectures, tmp_path):
+    out = tmp_path / "auto.yaml"
+    result = run_tuner("space", "suggest", "--model", str(architectures["qwen2.5-32b"]), "--gpu-memory", "140.4",
+                       "--fit", "clip", "--max-requests", "200", "--out", str(out), "--json")
+    printed = json.loads(result.stdout)
+    assert printed["text"] == out.read_text()
+    settings = [r["setting"] for r in printed["ranges"]]
+    for setting in ("max_model_len", "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens",
+                    "kv_cache_dtype", "enable_prefix_caching"):
+        assert setting in settings and f"# {setting}: " in printed["text"]
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--model", "{empty}"], "not a model folder (no config.json)"),
+    (["--model", "{unknown}"], "unknown architecture 'no-such-arch' (not known to transformers)"),
+    (["--model", "{qwen}", "--gpu-memory", "40"], "the GPU's 40.0 GiB cannot hold the model's weights (61.0 GiB)"),
+    (["--model", "{qwen}", "--gpu-memory", "0"], "--gpu-memory must be above 0 GiB"),
+])
+def test_bad_input_is_one_line_naming_the_cause_and_exit_2(architectures, tmp_path, args, expected):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "unknown").mkdir()
+    (tmp_path / "unknown" / "config.json").write_text(json.dumps({"model_type": "no-such-arch"}))
+    paths = {"empty": tmp_path / "empty", "unknown": tmp_path / "unknown", "qwen": architectures["qwen2.5-32b"]}
+    argv = [a.format(**paths) for a in args]
+    result = subprocess.run([sys.executable, "-m", "tuner", "space", "suggest", *argv], capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.startswith("error: ") and expected in result.stderr and result.stderr.count("\n") == 1
+
+
+def test_a_gpu_that_holds_the_weights_but_not_one_request_is_refused(architectures):
+    with pytest.raises(TunerError, match="short of one request of"):
+        derive_space(read_model_memory(architectures["qwen2.5-32b"]), DeviceMemory.of("cuda", 67), TRACE, "clip")
+
+
+def test_study_create_with_space_auto_stores_the_derived_text_and_the_models_sizes(tiny_model, tmp_path):
+    storage = f"sqlite:///{tmp_path / 'tuner.db'}"
+    selection = ["--max-requests", "16", "--rate-scale", "100", "--fit", "clip"]
+    run_tuner("study", "create", "auto", "--model", str(tiny_model), "--space", "auto", *selection,
+              "--storage", storage, "--artifacts", str(tmp_path / "artifacts"))
+    settings = Repository(storage).get_study("auto")
+    trace = load_trace(bundled_trace(), TraceSelection(max_requests=16, rate_scale=100.0, fit="clip"))
+    model = read_model_memory(tiny_model)
+    derived = derive_space(model, DeviceMemory.of_machine(detect_hardware()), trace, "clip")
+    assert (settings.space_name, settings.space_text) == ("auto", derived.space.text)
+    # A run judges proposals on the sizes stored at creation, without reading the folder again.
+    assert ModelMemory(**settings.model_info["memory"]) == model
