@@ -122,6 +122,7 @@ def _program(command: str) -> str:
     return "python"
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Groups for pytest-xdist's `--dist loadgroup`: every test that launches vLLM on one worker, one at a time,
     since they check that no vLLM process is left on the machine; the rest, a file to a group (so that a module's
