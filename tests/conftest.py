@@ -27,11 +27,11 @@ NO_LATENCY_LIMITS = {"ttft_p95_s": None, "e2e_p95_s": None}
 NO_LATENCY_LIMIT_ARGS = ("--limit", "ttft_p95_s=none", "--limit", "e2e_p95_s=none")
 
 
-# Every process this test run starts carries this mark in its environment (vLLM, Ray's workers and services
-# inherit it), so that the checks below count this run's engines alone: not a vLLM someone serves on the machine,
-# nor another test run's.
+# Every process this test process starts carries this mark in its environment (vLLM, Ray's workers and services
+# inherit it), so that the checks below count its own engines alone: not those of the other xdist worker, of
+# another test run, or a vLLM someone serves on the machine. Set anew in each worker, not inherited.
 RUN_MARK = "TUNER_TEST_RUN"
-os.environ.setdefault(RUN_MARK, uuid.uuid4().hex)
+os.environ[RUN_MARK] = uuid.uuid4().hex
 
 
 def vllm_processes() -> list[psutil.Process]:
@@ -122,14 +122,17 @@ def _program(command: str) -> str:
     return "python"
 
 
+# Files whose tests start a Ray Serve service: one worker runs them, one after another.
+SERVE_FILES = ("test_service", "test_secrets")
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Groups for pytest-xdist's `--dist loadgroup`: every test that launches vLLM on one worker, one at a time,
-    since they check that no vLLM process is left on the machine; the rest, a file to a group (so that a module's
-    fixtures are made once), beside them on the other worker."""
+    """Groups for pytest-xdist's `--dist loadgroup`: a file to a group, so that a module's fixtures are made once
+    and its tests keep their order; the files that start a Ray Serve service in one group."""
     for item in items:
-        group = "vllm" if item.get_closest_marker("vllm") else item.module.__name__
-        item.add_marker(pytest.mark.xdist_group(group))
+        module = item.module.__name__
+        item.add_marker(pytest.mark.xdist_group("serve" if module in SERVE_FILES else module))
 
 
 @pytest.fixture(scope="session")

@@ -19,6 +19,11 @@ from tuner.study_cli import ArtifactsOption, StorageOption
 
 # Read by Ray as it is imported: at 0 its node address is loopback, so a local cluster listens on loopback only.
 RAY_LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+# Ray Serve kills an HTTP proxy that is not ready within this many seconds (5 by default), and the start of the
+# service fails with it: on a busy machine of two cores a proxy takes longer. Read by Serve's controller, which a
+# local cluster starts with this process's environment; an operator's own setting is kept.
+SERVE_PROXY_READY_ENV = "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S"
+SERVE_PROXY_READY_S = "60"
 
 
 def is_loopback(host: str) -> bool:
@@ -45,6 +50,7 @@ def serve(
     if loopback and not ray_address:
         # Else the local Ray cluster would listen on every address, reachable where the service is not.
         os.environ[RAY_LOOPBACK_ENV] = "0"
+    os.environ.setdefault(SERVE_PROXY_READY_ENV, SERVE_PROXY_READY_S)
     import ray
     from ray import serve as ray_serve
 

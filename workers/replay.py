@@ -205,6 +205,7 @@ async def send_completion(client: httpx.AsyncClient, url: str, req: ReplayReques
 # up): sleep to this much before the due time, then yield to other tasks until it comes.
 _SPIN_S = 0.0015
 _CLIENT_POOLS = 16
+_KEEPALIVE_S = 1.0  # how long an idle connection to the engine is kept for the next request
 
 
 async def _until(due: float, halt: asyncio.Event) -> None:
@@ -235,8 +236,10 @@ async def replay(base_url: str, requests: list[ReplayRequest], *, timeout_s: flo
     """
     url = f"{base_url}/v1/completions"
     # No cap on connections (open loop). httpcore scans its whole pool for every request, so the
-    # connections are spread over several pools, each small.
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
+    # connections are spread over several pools, each small. An idle connection is dropped after 1 s, well
+    # before the server's keep-alive timeout (uvicorn's 5 s, httpx's own default too): a request sent on one the
+    # server is closing at that moment would fail with no fault of the engine's (seen as `disconnected`).
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=64, keepalive_expiry=_KEEPALIVE_S)
     timeout = httpx.Timeout(timeout_s, connect=30.0)
     async with contextlib.AsyncExitStack() as stack:
         tls = ssl.create_default_context()  # one for all pools: each would build its own, slowly
