@@ -173,7 +173,8 @@ def test_service_answers_and_log(study, ray_temp_dir):
             "/studies", "/studies/s", "/studies/s/best", "/studies/s/report", "/studies/s/report.html",
             "/studies/s/export", "/studies/s/export?format=csv&requests=true", "/runs", "/schedules",
             "/openapi.json")}
-        answers["a refused create"] = httpx.post(f"{url}/studies", json={"name": "x", "space": "no-such-space"})
+        answers["a refused create"] = httpx.post(f"{url}/studies", json={"name": "x", "space": "no-such-space"},
+                                                 timeout=120)
         # A run: its process gets the URL from the service, and writes its progress and result where it can be read.
         answers["a run's start"] = httpx.post(f"{url}/studies/s/runs", json={"trials": 1}, timeout=120)
         run_id = answers["a run's start"].json()["id"]
@@ -181,7 +182,7 @@ def test_service_answers_and_log(study, ray_temp_dir):
         while (run := httpx.get(f"{url}/runs/{run_id}", timeout=120)).json()["state"] == "running":
             assert time.monotonic() < deadline, "the run did not end"
             time.sleep(1)
-        answers["/runs/{id} (the run ended)"], answers["/runs (the run ended)"] = run, httpx.get(f"{url}/runs")
+        answers["/runs/{id} (the run ended)"], answers["/runs (the run ended)"] = run, httpx.get(f"{url}/runs", timeout=120)
         assert run.json()["state"] == "finished" and run.json()["progress"] == {"done": 1, "of": 1}, run.text
         for where, response in answers.items():
             assert response.status_code in (200, 202, 400), (where, response.text[:300])
