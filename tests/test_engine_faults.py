@@ -23,7 +23,8 @@ import httpx
 import psutil
 import pytest
 
-from conftest import AZURE_CONV, NO_LATENCY_LIMIT_ARGS, REPO, DescendantWatch, assert_none_left, run_tuner, vllm_processes
+from conftest import (AZURE_CONV, NO_LATENCY_LIMIT_ARGS, REPO, DescendantWatch, assert_none_left, run_tuner,
+                      vllm_processes)
 from faulty_server import (CLOSED_MIDSTREAM, EMPTY_BODY, ERROR_EVENT, FAULTS, MALFORMED_EVENT, OK,
                            RESET_BEFORE_RESPONSE, RESET_MIDSTREAM, SHORT, STALLED, STATUS_400, STATUS_429,
                            STATUS_500, STATUS_503, STATUS_OF)

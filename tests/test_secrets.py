@@ -182,7 +182,8 @@ def test_service_answers_and_log(study, ray_temp_dir):
         while (run := httpx.get(f"{url}/runs/{run_id}", timeout=120)).json()["state"] == "running":
             assert time.monotonic() < deadline, "the run did not end"
             time.sleep(1)
-        answers["/runs/{id} (the run ended)"], answers["/runs (the run ended)"] = run, httpx.get(f"{url}/runs", timeout=120)
+        answers["/runs/{id} (the run ended)"] = run
+        answers["/runs (the run ended)"] = httpx.get(f"{url}/runs", timeout=120)
         assert run.json()["state"] == "finished" and run.json()["progress"] == {"done": 1, "of": 1}, run.text
         for where, response in answers.items():
             assert response.status_code in (200, 202, 400), (where, response.text[:300])
