@@ -260,6 +260,8 @@ def test_schemathesis_finds_no_server_error(service, served_study, tmp_path):
         [str(Path(sys.executable).with_name("schemathesis")), "--config-file", str(tmp_path / "schemathesis.toml"),
          "run", f"{service['url']}/openapi.json", "--checks", "not_a_server_error", "--phases",
          "examples,coverage,fuzzing", "--max-examples", "25", "--seed", "7", "--no-shrink",
+         # The check is for server errors, not speed: on a busy machine a request took over the 10 s default.
+         "--request-timeout", "120",
          "-H", f"Authorization: Bearer {TOKEN}", "--exclude-path-regex", "/studies/.*/runs$"],
         capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-4000:]
