@@ -31,7 +31,7 @@ from tuner.hardware import detect_hardware  # noqa: E402
 from tuner.kv_budget import (DeviceMemory, ModelMemory, estimate_kv, logged_kv_tokens,  # noqa: E402
                              read_model_memory)
 from tuner.models import shipped_architectures, write_architecture, write_tiny_model  # noqa: E402
-from workers.engine_config import EngineConfig  # noqa: E402
+from tuner.workers.engine_config import EngineConfig  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 _ARGS = re.compile(r"non-default args: (\{.*\})")
@@ -132,8 +132,8 @@ def refused_proposals(model: ModelMemory, count: int) -> int:
     """How many of `count` random proposals from the derived space the rule refuses before launch."""
     import optuna
 
-    from search_spaces import PREDICTED_KV_INSUFFICIENT, SpaceContext
-    from search_spaces.derive import derive_space
+    from tuner.search_spaces import PREDICTED_KV_INSUFFICIENT, SpaceContext
+    from tuner.search_spaces.derive import derive_space
     from tuner.paths import bundled_trace
     from tuner.traces.selection import TraceSelection, load_trace
 

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tuner.study import StoragePlan, StudyRunner, create_study, enqueue_config  # noqa: E402
 from tuner.traces.selection import TraceSelection  # noqa: E402
-from workers.engine_config import EngineConfig  # noqa: E402
+from tuner.workers.engine_config import EngineConfig  # noqa: E402
 
 TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "azure_conv_2023.csv"
 CONFIG = EngineConfig(max_num_seqs=8, num_gpu_blocks_override=64, max_num_batched_tokens=1024)

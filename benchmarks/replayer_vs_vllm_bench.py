@@ -24,10 +24,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tuner.quantiles import percentile  # noqa: E402
 from tuner.traces.records import Trace, TraceRequest  # noqa: E402
-from workers.engine_config import EngineConfig  # noqa: E402
-from workers.launch import SERVED_MODEL_NAME, launch_engine  # noqa: E402
-from workers.replay import Outcome, prepare_requests, replay  # noqa: E402
-from workers.trial import TrialSpec, run_trial  # noqa: E402
+from tuner.workers.engine_config import EngineConfig  # noqa: E402
+from tuner.workers.launch import SERVED_MODEL_NAME, launch_engine  # noqa: E402
+from tuner.workers.replay import Outcome, prepare_requests, replay  # noqa: E402
+from tuner.workers.trial import TrialSpec, run_trial  # noqa: E402
 
 CONFIG = EngineConfig(max_num_seqs=16, max_model_len=1024, enforce_eager=True, kv_cache_memory_bytes=268435456)
 INPUT, OUTPUT = 256, 64

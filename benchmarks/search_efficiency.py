@@ -34,10 +34,10 @@ from tuner.scoring import DIRECTIONS, boundary, parse_limits, score  # noqa: E40
 from tuner.samplers import make_sampler  # noqa: E402
 from tuner.study import THROUGHPUT_TIE  # noqa: E402
 from tuner.traces.selection import TraceSelection, load_trace  # noqa: E402
-from workers.engine_config import EngineConfig  # noqa: E402
-from workers.measure import Measurement, Percentiles  # noqa: E402
-from workers.replay import InFlight, LiveReplay, Outcome, RequestRecord  # noqa: E402
-from workers.trial import TrialSpec, run_trial  # noqa: E402
+from tuner.workers.engine_config import EngineConfig  # noqa: E402
+from tuner.workers.measure import Measurement, Percentiles  # noqa: E402
+from tuner.workers.replay import InFlight, LiveReplay, Outcome, RequestRecord  # noqa: E402
+from tuner.workers.trial import TrialSpec, run_trial  # noqa: E402
 
 TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "azure_conv_2023.csv"
 FIXED = dict(enforce_eager=True, max_model_len=1024, kv_cache_memory_bytes=268435456)

@@ -1,6 +1,6 @@
 """Search spaces: which vLLM settings a study searches, and which proposals are rejected before launch."""
 
-from search_spaces.space import (
+from tuner.search_spaces.space import (
     BUILT_IN_RULES,
     PLATFORMS,
     PREDICTED_KV_INSUFFICIENT,

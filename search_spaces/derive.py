@@ -15,12 +15,12 @@ from pathlib import Path
 
 import yaml
 
-from search_spaces.space import PLATFORMS, SearchSpace, parse_space
+from tuner.search_spaces.space import PLATFORMS, SearchSpace, parse_space
 from tuner.errors import TunerError
 from tuner.kv_budget import GiB, BLOCK_TOKENS, DeviceMemory, Fit, ModelMemory, estimate_kv
 from tuner.quantiles import percentile
 from tuner.traces.records import Trace
-from workers.engine_config import EngineConfig
+from tuner.workers.engine_config import EngineConfig
 
 AUTO_SPACE = "auto"  # `--space auto`: derive the space instead of reading a file
 CONTEXT_PERCENTILES = (50, 90, 99, 100)

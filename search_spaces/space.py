@@ -24,7 +24,7 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution, Floa
 from tuner.errors import TunerError
 from tuner.kv_budget import DeviceMemory, Fit, ModelMemory, estimate_kv
 from tuner.traces.transforms import FIT_MODES
-from workers.engine_config import EngineConfig
+from tuner.workers.engine_config import EngineConfig
 
 if TYPE_CHECKING:
     from tuner.models import ModelInfo
@@ -385,14 +385,14 @@ class SearchSpace:
 
 def shipped_spaces() -> list[str]:
     """Names of the search space files that ship with tuner."""
-    return sorted(entry.name.removesuffix(".yaml") for entry in resources.files("search_spaces").iterdir()
+    return sorted(entry.name.removesuffix(".yaml") for entry in resources.files("tuner.search_spaces").iterdir()
                   if entry.name.endswith(".yaml"))
 
 
 def load_space(path_or_name: str | Path) -> SearchSpace:
     """Load and validate a search space file: a path, or the bare name of a shipped one (`default`)."""
     if isinstance(path_or_name, str) and path_or_name in shipped_spaces():
-        source = resources.files("search_spaces") / f"{path_or_name}.yaml"
+        source = resources.files("tuner.search_spaces") / f"{path_or_name}.yaml"
         path = Path(str(source))
         text = source.read_text(encoding="utf-8")
     else:

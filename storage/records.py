@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from workers.measure import TrialRecord
-from workers.replay import RequestRecord
+from tuner.workers.measure import TrialRecord
+from tuner.workers.replay import RequestRecord
 
 BOUNDARIES = ("interactive", "batch")
 TRIAL_STATES = ("complete", "failed", "pruned", "infeasible", "worker_lost", "stopped", "interrupted")

@@ -15,9 +15,9 @@ from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.exc import ArgumentError, IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from storage.records import StoredRequest, StoredTrial, StudySettings
-from storage.schema import LaunchFailureRow, RequestRow, StudyRow, TraceRow, TrialRow
-from storage.urls import redact_url
+from tuner.storage.records import StoredRequest, StoredTrial, StudySettings
+from tuner.storage.schema import LaunchFailureRow, RequestRow, StudyRow, TraceRow, TrialRow
+from tuner.storage.urls import redact_url
 from tuner.errors import NotFound, TunerError
 from tuner.traces.records import Trace
 from tuner.traces.stats import TraceStats

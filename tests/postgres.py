@@ -28,7 +28,7 @@ ROLE, DATABASE, ADMIN = "tuner", "tuner_test", "tuner_admin"
 
 
 def _free_port() -> int:
-    from workers.launch import free_port
+    from tuner.workers.launch import free_port
 
     return free_port()
 
@@ -120,7 +120,7 @@ class PostgresCluster:
 
 
 def _check_reachable(url: str) -> None:
-    from storage import redact_url
+    from tuner.storage import redact_url
 
     engine = sa.create_engine(url)
     try:
@@ -215,5 +215,5 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for workers.launch, run as a script
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tuner.workers.launch, run as a script
     sys.exit(main(sys.argv[1:]))

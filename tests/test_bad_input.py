@@ -25,13 +25,13 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from conftest import AZURE_CONV, TRACES
-from search_spaces import SearchSpace, SpaceContext, load_space
+from tuner.search_spaces import SearchSpace, SpaceContext, load_space
 from test_traces import assert_valid, mostly
 from tuner.errors import TraceFormatError, TunerError
 from tuner.traces.readers import READERS, read_trace
 from tuner.traces.selection import TraceSelection, load_trace, parse_window
-from workers.engine_config import EngineConfig
-from workers.launch import engine_argv
+from tuner.workers.engine_config import EngineConfig
+from tuner.workers.launch import engine_argv
 
 # --- trace files ------------------------------------------------------------------------------------------
 

@@ -27,7 +27,7 @@ import typer.main
 import yaml
 from sqlalchemy.engine import make_url
 
-from workers.launch import free_port
+from tuner.workers.launch import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 COMPOSE = REPO / "docker-compose.yml"
@@ -321,7 +321,10 @@ def test_the_dockerfile_copies_every_package_and_builds_on_the_same_vllm_image(c
     for path in copied:
         assert (REPO / path).exists(), path
     packages = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
-    assert {p.rstrip("*") for p in packages} <= set(copied)
+    assert packages == ["tuner", "tuner.*"]
+    # The tuner package and the top-level folders its links install as tuner.storage, tuner.workers, ...
+    linked = {link.readlink().name for link in (REPO / "tuner").iterdir() if link.is_symlink()}
+    assert linked == {"storage", "workers", "search_spaces"} and {"tuner", *linked} <= set(copied)
     assert "pyproject.toml" in copied and "README.md" in copied  # the build reads both
     default = re.search(r"^ARG VLLM_IMAGE=(\S+)$", text, re.M)[1]
     assert default == env["VLLM_IMAGE"] == compose["x-tuner-image"]["build"]["args"]["VLLM_IMAGE"]

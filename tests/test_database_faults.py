@@ -16,9 +16,9 @@ from sqlalchemy.engine import make_url
 
 from conftest import AZURE_CONV, DescendantWatch, assert_none_left, vllm_processes
 from postgres import PostgresCluster, create_small_study
-from storage import Repository, redact_url
+from tuner.storage import Repository, redact_url
 from test_secrets import assert_password_absent
-from workers.launch import free_port
+from tuner.workers.launch import free_port
 
 PASSWORD = "pw-faults-s3cret"
 

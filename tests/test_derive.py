@@ -10,17 +10,17 @@ import optuna
 import pytest
 
 from conftest import AZURE_CONV, run_tuner
-from search_spaces import PREDICTED_KV_INSUFFICIENT, SpaceContext
-from search_spaces.derive import derive_space
+from tuner.search_spaces import PREDICTED_KV_INSUFFICIENT, SpaceContext
+from tuner.search_spaces.derive import derive_space
 from test_kv_budget import H200, H200_TABLE
-from storage import Repository
+from tuner.storage import Repository
 from tuner.errors import TunerError
 from tuner.hardware import detect_hardware
 from tuner.kv_budget import ESTIMATE_ERROR, DeviceMemory, ModelMemory, estimate_kv, read_model_memory
 from tuner.models import write_architecture
 from tuner.paths import bundled_trace
 from tuner.traces.selection import TraceSelection, load_trace
-from workers.engine_config import EngineConfig
+from tuner.workers.engine_config import EngineConfig
 
 TRACE = load_trace(bundled_trace(), TraceSelection())
 

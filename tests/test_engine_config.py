@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from tuner.errors import TunerError
-from workers.engine_config import EngineConfig
-from workers.launch import engine_argv
+from tuner.workers.engine_config import EngineConfig
+from tuner.workers.launch import engine_argv
 
 
 def test_assignments_become_typed_fields_and_flags():

@@ -28,14 +28,14 @@ from conftest import (AZURE_CONV, NO_LATENCY_LIMIT_ARGS, REPO, DescendantWatch, 
 from faulty_server import (CLOSED_MIDSTREAM, EMPTY_BODY, ERROR_EVENT, FAULTS, MALFORMED_EVENT, OK,
                            RESET_BEFORE_RESPONSE, RESET_MIDSTREAM, SHORT, STALLED, STATUS_400, STATUS_429,
                            STATUS_500, STATUS_503, STATUS_OF)
-from storage import Repository
+from tuner.storage import Repository
 from tuner.traces.records import Trace, TraceRequest
 from tuner.traces.selection import TraceSelection, load_trace
-from workers.engine_config import EngineConfig
-from workers.launch import _wait_healthy, free_port
-from workers.measure import measure
-from workers.replay import Outcome, prepare_requests, replay
-from workers.trial import TrialSpec, run_trial
+from tuner.workers.engine_config import EngineConfig
+from tuner.workers.launch import _wait_healthy, free_port
+from tuner.workers.measure import measure
+from tuner.workers.replay import Outcome, prepare_requests, replay
+from tuner.workers.trial import TrialSpec, run_trial
 
 KV_BYTES = 268435456  # an explicit KV budget: vLLM's default memory fraction is refused on a small machine
 

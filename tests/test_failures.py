@@ -3,7 +3,7 @@ each on a real server; these pin the rules on log lines copied from vLLM 0.32.0 
 
 from __future__ import annotations
 
-from workers.failures import FailureClass, classify_failure
+from tuner.workers.failures import FailureClass, classify_failure
 
 KV_LOG = """\
 (EngineCore pid=4269) ERROR 12-02 13:56:37 [core.py:1510]     raise ValueError(

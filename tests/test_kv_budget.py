@@ -11,7 +11,7 @@ from tuner.errors import TunerError
 from tuner.kv_budget import (ESTIMATE_ERROR, GiB, DeviceMemory, Fit, KvEstimate, estimate_kv, logged_kv_tokens,
                              read_model_memory)
 from tuner.models import write_architecture
-from workers.engine_config import EngineConfig
+from tuner.workers.engine_config import EngineConfig
 
 # One H200 as nvidia-smi reports it: 143,771 MiB.
 H200 = DeviceMemory("cuda", 143771 * 2**20)

@@ -11,9 +11,9 @@ import time
 import pytest
 
 from conftest import AZURE_CONV, as_at_a_terminal, vllm_processes
-from workers.engine_config import EngineConfig
-from workers.failures import FailureClass
-from workers.launch import EngineLaunchError, start_engine
+from tuner.workers.engine_config import EngineConfig
+from tuner.workers.failures import FailureClass
+from tuner.workers.launch import EngineLaunchError, start_engine
 
 pytestmark = pytest.mark.vllm
 

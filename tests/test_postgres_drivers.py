@@ -12,8 +12,8 @@ import pytest
 from optuna.trial import TrialState
 
 from postgres import create_small_study
-from storage import Repository, trial_artifacts
-from workers.trial import ARTIFACTS
+from tuner.storage import Repository, trial_artifacts
+from tuner.workers.trial import ARTIFACTS
 
 pytestmark = pytest.mark.vllm
 

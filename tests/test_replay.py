@@ -15,9 +15,9 @@ import pytest
 
 from conftest import REPO
 from tuner.traces.records import Trace, TraceRequest
-from workers.launch import free_port
-from workers.prompts import PromptBuilder
-from workers.replay import Outcome, prepare_requests, replay
+from tuner.workers.launch import free_port
+from tuner.workers.prompts import PromptBuilder
+from tuner.workers.replay import Outcome, prepare_requests, replay
 
 
 @pytest.fixture(scope="module")

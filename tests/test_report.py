@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from storage import StoredRequest, StoredTrial, StudySettings
+from tuner.storage import StoredRequest, StoredTrial, StudySettings
 from tuner.compare import CompareRun, pair_verdict, parse_vary, reshape_trace, scale_lengths, verdicts
 from tuner.errors import TunerError
 from tuner.hardware import HardwareInfo
@@ -18,9 +18,9 @@ from tuner.report import (NO_TIMELINE, ReportData, kv_budget_tokens, pareto_figu
 from tuner.scoring import boundary
 from tuner.study import Recommendation
 from tuner.traces.records import Trace, TraceRequest
-from workers.engine_config import EngineConfig
-from workers.measure import Measurement, Percentiles
-from workers.server_metrics import TimelineSample
+from tuner.workers.engine_config import EngineConfig
+from tuner.workers.measure import Measurement, Percentiles
+from tuner.workers.server_metrics import TimelineSample
 
 PLOT_IDS = ("pareto", "preemptions", "time_split", "timelines", "output_lengths")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",

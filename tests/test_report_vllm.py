@@ -10,7 +10,7 @@ import pytest
 from conftest import AZURE_CONV, REPO, run_tuner as tuner
 from test_report import check_page_in_chromium
 from tuner.study import StoragePlan, enqueue_config
-from workers.engine_config import EngineConfig
+from tuner.workers.engine_config import EngineConfig
 
 pytestmark = pytest.mark.vllm
 

@@ -24,7 +24,7 @@ from apscheduler.triggers.cron import CronTrigger
 from conftest import AZURE_CONV, NO_LATENCY_LIMIT_ARGS, signal_when_ready, vllm_processes
 from conftest import run_tuner as tuner
 
-from storage import Repository
+from tuner.storage import Repository
 from tuner.errors import TunerError
 from tuner.schedules import ScheduleBook, due_time
 from tuner.study import (
@@ -41,7 +41,7 @@ from tuner.study import (
     parse_duration,
 )
 from tuner.traces.selection import TraceSelection
-from workers.engine_config import EngineConfig
+from tuner.workers.engine_config import EngineConfig
 
 SPACE = """\
 name: test-schedules

@@ -10,8 +10,8 @@ from tuner.errors import TunerError
 from tuner.pruning import BoundaryWatch
 from tuner.quantiles import percentile
 from tuner.scoring import BOUNDARIES, boundary, parse_limits, score
-from workers.measure import measure
-from workers.replay import InFlight, LiveReplay, Outcome, ReplayResult, RequestRecord
+from tuner.workers.measure import measure
+from tuner.workers.replay import InFlight, LiveReplay, Outcome, ReplayResult, RequestRecord
 
 
 def _record(i: int, e2e: float | None, ttft: float | None = 0.1, outcome: Outcome = Outcome.OK) -> RequestRecord:

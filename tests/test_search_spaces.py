@@ -12,14 +12,14 @@ from hypothesis import strategies as st
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
 from conftest import AZURE_CONV
-from search_spaces import (PLATFORMS, PREDICTED_KV_INSUFFICIENT, SpaceContext, load_space, parse_comparison,
+from tuner.search_spaces import (PLATFORMS, PREDICTED_KV_INSUFFICIENT, SpaceContext, load_space, parse_comparison,
                            shipped_spaces)
 from tuner.errors import TunerError
 from tuner.kv_budget import DeviceMemory, ModelMemory
 from tuner.models import ModelInfo
 from tuner.traces.records import Trace, TraceRequest
 from tuner.traces.selection import TraceSelection, load_trace
-from workers.engine_config import EngineConfig
+from tuner.workers.engine_config import EngineConfig
 
 SHIPPED = ["cpu-small", "default", "h200-llama8b"]
 CPU = SpaceContext("cpu", longest_request_tokens=1024, fit=None, model_max_len=4096)
@@ -452,7 +452,7 @@ def test_any_proposal_gives_reasons_or_none_never_an_exception(name, data, conte
 
 def test_float_steps_read_as_written():
     """Optuna's step grid is binary floating point; the configuration, and so `vllm serve`, is not."""
-    from search_spaces.space import FloatParameter
+    from tuner.search_spaces.space import FloatParameter
 
     s = study()
     values = {FloatParameter("gpu_memory_utilization", 0.15, 0.95, step=0.05).suggest(s.ask()) for _ in range(60)}

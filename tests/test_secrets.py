@@ -20,9 +20,9 @@ import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
 from postgres import create_small_study, fresh_database
-from storage import Repository
-from workers.launch import free_port
-from workers.trial import ARTIFACTS
+from tuner.storage import Repository
+from tuner.workers.launch import free_port
+from tuner.workers.trial import ARTIFACTS
 
 def password_forms(password: str) -> set[str]:
     """The password as it may appear: verbatim, or percent-encoded as in a URL or a form."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from workers.server_metrics import PREEMPTIONS, QUEUE_TIME, RUNNING, Histogram, parse_metrics
+from tuner.workers.server_metrics import PREEMPTIONS, QUEUE_TIME, RUNNING, Histogram, parse_metrics
 
 PAGE = """\
 # HELP vllm:num_preemptions_total Cumulative number of preemption from the engine.

@@ -22,7 +22,7 @@ import pytest
 
 from conftest import AZURE_CONV, NO_LATENCY_LIMIT_ARGS, signal_when_ready
 from conftest import run_tuner as tuner
-from workers.launch import free_port
+from tuner.workers.launch import free_port
 
 pytestmark = pytest.mark.vllm
 

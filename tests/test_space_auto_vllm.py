@@ -9,7 +9,7 @@ import optuna
 import pytest
 
 from conftest import run_tuner as tuner
-from storage import Repository
+from tuner.storage import Repository
 
 pytestmark = pytest.mark.vllm
 

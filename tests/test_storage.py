@@ -14,15 +14,15 @@ from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
-from storage import (Repository, StoredRequest, StoredTrial, StudySettings, VERSION_TABLE, alembic_config,
+from tuner.storage import (Repository, StoredRequest, StoredTrial, StudySettings, VERSION_TABLE, alembic_config,
                      attach_trial_artifacts, default_artifact_dir, default_storage_url, redact_url, trial_artifacts)
-from storage.schema import Base, include_name
+from tuner.storage.schema import Base, include_name
 from tuner.errors import TunerError
 from tuner.traces.records import Trace, TraceRequest, Transformation
 from tuner.traces.stats import trace_stats
-from workers.failures import FailureClass, classify_failure
-from workers.measure import TrialRecord, TrialTimings, measure
-from workers.replay import Outcome, ReplayResult, RequestRecord
+from tuner.workers.failures import FailureClass, classify_failure
+from tuner.workers.measure import TrialRecord, TrialTimings, measure
+from tuner.workers.replay import Outcome, ReplayResult, RequestRecord
 
 TUNER_TABLES = {"tuner_studies", "tuner_traces", "tuner_trials", "tuner_requests", "tuner_launch_failures"}
 

@@ -14,10 +14,10 @@ import optuna
 import pytest
 
 from conftest import AZURE_CONV, NO_LATENCY_LIMIT_ARGS, REPO, run_tuner as tuner, vllm_processes
-from storage import Repository
+from tuner.storage import Repository
 from tuner.study import StoragePlan, enqueue_config
-from workers.engine_config import EngineConfig
-from workers.launch import free_port
+from tuner.workers.engine_config import EngineConfig
+from tuner.workers.launch import free_port
 
 pytestmark = pytest.mark.vllm
 

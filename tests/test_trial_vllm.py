@@ -14,10 +14,10 @@ import pytest
 
 from conftest import AZURE_CONV
 from tuner.traces.selection import TraceSelection, load_trace
-from workers.engine_config import EngineConfig
-from workers.failures import FailureClass
-from workers.replay import Outcome
-from workers.trial import TrialSpec, run_trial
+from tuner.workers.engine_config import EngineConfig
+from tuner.workers.failures import FailureClass
+from tuner.workers.replay import Outcome
+from tuner.workers.trial import TrialSpec, run_trial
 
 pytestmark = pytest.mark.vllm
 

@@ -18,13 +18,13 @@ import pytest
 import ray
 
 from conftest import AZURE_CONV, NO_LATENCY_LIMITS, as_at_a_terminal, run_tuner, signal_when_ready, vllm_processes
-from storage import Repository
+from tuner.storage import Repository
 from tuner.errors import TunerError
 from tuner.study import StoragePlan, StudyRunner, create_study, enqueue_config
 from tuner.traces.selection import TraceSelection, load_trace
-from workers.engine_config import EngineConfig
-from workers.pool import WorkerLost, WorkerPool, _staging_dir
-from workers.trial import TrialSpec
+from tuner.workers.engine_config import EngineConfig
+from tuner.workers.pool import WorkerLost, WorkerPool, _staging_dir
+from tuner.workers.trial import TrialSpec
 
 pytestmark = pytest.mark.vllm
 

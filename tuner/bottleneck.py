@@ -25,7 +25,7 @@ from optuna.samplers import BaseSampler
 from optuna.study import Study
 from optuna.trial import FrozenTrial, TrialState
 
-from workers.measure import Measurement
+from tuner.workers.measure import Measurement
 
 # The settings that size the KV cache, whichever of them a space searches.
 KV_SETTINGS = ("gpu_memory_utilization", "kv_cache_memory_bytes", "num_gpu_blocks_override")

@@ -142,7 +142,7 @@ def space_suggest(
 ) -> None:
     """Derive a search space from the model, the GPU (or this machine) and the trace, with the reason for every
     range; `tuner study create --space auto` derives and stores the same."""
-    from search_spaces.derive import derive_space
+    from tuner.search_spaces.derive import derive_space
     from tuner.hardware import detect_hardware
     from tuner.kv_budget import DeviceMemory, read_model_memory
     from tuner.models import default_model
@@ -231,8 +231,8 @@ def trial_run(
     from tuner.models import default_model, inspect_model
     from tuner.paths import bundled_trace
     from tuner.traces.selection import TraceSelection, load_trace
-    from workers.engine_config import EngineConfig
-    from workers.trial import TrialSpec, run_trial
+    from tuner.workers.engine_config import EngineConfig
+    from tuner.workers.trial import TrialSpec, run_trial
 
     config = EngineConfig.from_assignments(set_)
     model = model or default_model()

@@ -20,8 +20,8 @@ from tuner.scoring import Boundary, Score, score
 from tuner.traces.records import PREFIX_BLOCK_TOKENS, Trace, Transformation
 from tuner.traces.selection import TraceSelection, fit_trace, load_trace
 from tuner.traces.transforms import scale_rate
-from workers.engine_config import EngineConfig
-from workers.measure import Measurement
+from tuner.workers.engine_config import EngineConfig
+from tuner.workers.measure import Measurement
 
 # Dimensions of the trace, each a positive factor applied to the trace as selected (1 = as selected).
 TRACE_DIMENSIONS = {
@@ -175,7 +175,7 @@ def run_compare(*, model: Path, trace_path: Path, selection: TraceSelection, var
                 on_run: Callable[[CompareRun], None] | None = None) -> CompareResult:
     """One real trial per value, one after another; each engine is stopped before the next starts."""
     from tuner.models import inspect_model
-    from workers.trial import TrialSpec, run_trial
+    from tuner.workers.trial import TrialSpec, run_trial
 
     info = inspect_model(model)
     selected = load_trace(trace_path, selection, None, format)  # fitted per value, as a study fits per trial

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from tuner.hardware import HardwareInfo
 
 if TYPE_CHECKING:
-    from storage import StudySettings
+    from tuner.storage import StudySettings
     from tuner.scoring import Boundary
     from tuner.study import Recommendation
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from tuner.errors import TunerError
 from tuner.hardware import HardwareInfo
-from workers.engine_config import EngineConfig
+from tuner.workers.engine_config import EngineConfig
 
 GiB = 2**30
 

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 
 from tuner.scoring import Boundary
-from workers.replay import LiveReplay, Outcome
+from tuner.workers.replay import LiveReplay, Outcome
 
 
 _FINISHED = (Outcome.OK, Outcome.TRUNCATED)

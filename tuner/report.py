@@ -22,12 +22,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from storage import StoredRequest, StoredTrial, StudySettings
+from tuner.storage import StoredRequest, StoredTrial, StudySettings
 from tuner.scoring import Boundary, boundary
 from tuner.study import Recommendation
 from tuner.describe import boundary_line, hardware_line, recommendation_dict
 from tuner.kv_budget import logged_kv_tokens
-from workers.server_metrics import TimelineSample
+from tuner.workers.server_metrics import TimelineSample
 
 TIMELINE_FILE = "timeline.csv"  # t_s,running,waiting,kv_usage, sampled every 0.25 s during the replay
 NO_TIMELINE = "no timeline recorded"

@@ -171,7 +171,7 @@ def compare(
     from tuner.scoring import boundary as make_boundary
     from tuner.scoring import parse_limits
     from tuner.traces.selection import TraceSelection
-    from workers.engine_config import EngineConfig
+    from tuner.workers.engine_config import EngineConfig
 
     base = EngineConfig.from_assignments(set_)
     variation = parse_vary(vary, base)

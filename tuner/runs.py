@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from tuner.errors import NotFound
-from workers.process_group import die_with_parent
+from tuner.workers.process_group import die_with_parent
 
 STOP_WAIT_S = 60.0  # a stopped run gets this long to stop its engines before it is killed
 

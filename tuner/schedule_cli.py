@@ -117,7 +117,7 @@ def schedule_summary(name: NameArgument,
 def schedule_host(storage: StorageOption = None, artifacts: ArtifactsOption = None) -> None:
     """Run the schedules of this database when due, in the foreground, until Ctrl-C (`tuner serve` does the
     same in the service). A run in progress at Ctrl-C is stopped, its trials in flight recorded as stopped."""
-    from storage.urls import redact_url
+    from tuner.storage.urls import redact_url
 
     def on_event(kind: str, data: dict) -> None:
         if kind == "run_started":

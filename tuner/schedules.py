@@ -36,12 +36,12 @@ from apscheduler.schedulers.base import STATE_STOPPED
 from apscheduler.triggers.cron import CronTrigger
 from sqlalchemy import JSON, Column, Integer, MetaData, String, Table, insert, select, update
 
-from storage.schema import SCHEDULE_JOBS_TABLE, SCHEDULE_RUNS_TABLE
+from tuner.storage.schema import SCHEDULE_JOBS_TABLE, SCHEDULE_RUNS_TABLE
 from tuner.describe import context_line, recommendation_context
 from tuner.errors import NotFound, TunerError
 from tuner.runs import run_env, study_run_argv
 from tuner.study import StoragePlan, load_optuna_study, recommend
-from workers.process_group import die_with_parent
+from tuner.workers.process_group import die_with_parent
 
 POLL_S = 5.0  # how often the host looks for schedules that other processes added or made due
 # A run's `tuner study run` stops its own trials at the window's end; past this grace it is sent SIGTERM, and

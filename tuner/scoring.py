@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields, replace
 
 from tuner.errors import TunerError
-from workers.measure import Measurement
+from tuner.workers.measure import Measurement
 
 OBJECTIVE_NAMES = ("completed_rps", "e2e_p95_s")
 DIRECTIONS = ("maximize", "minimize")

@@ -54,7 +54,7 @@ def serve(
     import ray
     from ray import serve as ray_serve
 
-    from storage.urls import redact_url
+    from tuner.storage.urls import redact_url
     from tuner.service import APP_NAME, SHUTDOWN_TIMEOUT_S, ServiceConfig, _service_deployment, read_token
     from tuner.study import StoragePlan
 

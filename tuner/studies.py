@@ -71,7 +71,7 @@ class LocalStudies:
         return repo, repo.get_study(name), load_optuna_study(name, self.plan)
 
     def create(self, request: StudyRequest) -> dict:
-        from storage.urls import redact_url
+        from tuner.storage.urls import redact_url
         from tuner.models import default_model
         from tuner.traces.selection import TraceSelection
         from tuner.paths import bundled_trace
@@ -136,7 +136,7 @@ class LocalStudies:
 
     def enqueue(self, name: str, assignments: list[str]) -> dict:
         from tuner.study import enqueue_config
-        from workers.engine_config import EngineConfig
+        from tuner.workers.engine_config import EngineConfig
 
         config = EngineConfig.from_assignments(assignments)
         enqueue_config(name, self.plan, config)

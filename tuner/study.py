@@ -27,11 +27,11 @@ from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback, fail_s
 from optuna.trial import FrozenTrial, TrialState
 from sqlalchemy.exc import OperationalError
 
-from search_spaces import PREDICTED_KV_INSUFFICIENT, SearchSpace, SpaceContext, load_space, parse_space
-from search_spaces.derive import AUTO_SPACE, derive_space
-from storage import DatabaseUnreachable, Repository, StoredRequest, StoredTrial, StudySettings
-from storage.artifacts import attach_trial_artifacts
-from storage.urls import default_artifact_dir, default_storage_url
+from tuner.search_spaces import PREDICTED_KV_INSUFFICIENT, SearchSpace, SpaceContext, load_space, parse_space
+from tuner.search_spaces.derive import AUTO_SPACE, derive_space
+from tuner.storage import DatabaseUnreachable, Repository, StoredRequest, StoredTrial, StudySettings
+from tuner.storage.artifacts import attach_trial_artifacts
+from tuner.storage.urls import default_artifact_dir, default_storage_url
 from tuner.bottleneck import measurement_attrs
 from tuner.errors import NotFound, TunerError
 from tuner.hardware import detect_hardware
@@ -44,9 +44,9 @@ from tuner.scoring import DIRECTIONS, OBJECTIVE_NAMES, Boundary, Score, boundary
 from tuner.traces.records import Trace
 from tuner.traces.selection import TraceSelection, fit_trace, load_trace
 from tuner.traces.stats import trace_stats
-from workers.engine_config import EngineConfig
-from workers.pool import WorkerLost, WorkerPool, WorkerResult
-from workers.trial import ARTIFACTS, TrialOutcome, TrialSpec
+from tuner.workers.engine_config import EngineConfig
+from tuner.workers.pool import WorkerLost, WorkerPool, WorkerResult
+from tuner.workers.trial import ARTIFACTS, TrialOutcome, TrialSpec
 
 
 # Heartbeats and retries are marked experimental, and Optuna warns when heartbeats are used outside

@@ -444,7 +444,7 @@ def dashboard(storage: StorageOption = None, artifacts: ArtifactsOption = None,
     from optuna.artifacts import FileSystemArtifactStore
     from optuna_dashboard import run_server
 
-    from storage.urls import redact_url
+    from tuner.storage.urls import redact_url
 
     plan = _plan(storage, artifacts)
     plan.repository()  # a clear error now if the database cannot be reached

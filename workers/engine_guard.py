@@ -6,7 +6,7 @@ a Ray worker that dies has its direct children SIGKILLed, which leaves no handle
 two processes: an outer one, the launcher's child (which may be killed outright), and an inner one, its child,
 told by the kernel when the outer one dies, which then stops every member of the group.
 
-    python -m workers.engine_guard VLLM_ARGV...
+    python -m tuner.workers.engine_guard VLLM_ARGV...
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import subprocess
 import sys
 import threading
 
-from workers.process_group import die_with_parent, terminate_group
+from tuner.workers.process_group import die_with_parent, terminate_group
 
 GRACE_S = 10.0
 _INNER = "--inner"
@@ -28,7 +28,7 @@ def _exit_code(code: int) -> int:
 
 
 def _outer(argv: list[str]) -> int:
-    inner = subprocess.Popen([sys.executable, "-m", "workers.engine_guard", _INNER, *argv],
+    inner = subprocess.Popen([sys.executable, "-m", "tuner.workers.engine_guard", _INNER, *argv],
                              preexec_fn=die_with_parent)
 
     def forward(signum, frame) -> None:

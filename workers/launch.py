@@ -17,9 +17,9 @@ import httpx
 import psutil
 
 from tuner.models import inspect_model
-from workers.engine_config import EngineConfig
-from workers.failures import EngineFailure, classify_failure
-from workers.process_group import die_with_parent, terminate_group
+from tuner.workers.engine_config import EngineConfig
+from tuner.workers.failures import EngineFailure, classify_failure
+from tuner.workers.process_group import die_with_parent, terminate_group
 
 SERVED_MODEL_NAME = "model"
 STOP_GRACE_S = 10.0
@@ -143,7 +143,7 @@ def start_engine(model: str | Path, config: EngineConfig, log_path: str | Path, 
         # taking the group with it, if this process dies. Unbuffered, so the log is live while it runs and
         # complete up to the moment a server is killed.
         launched_at = time.time()
-        process = subprocess.Popen([sys.executable, "-m", "workers.engine_guard", *argv], stdout=log,
+        process = subprocess.Popen([sys.executable, "-m", "tuner.workers.engine_guard", *argv], stdout=log,
                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                    env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
                                    start_new_session=True,

@@ -6,9 +6,9 @@ import statistics
 from dataclasses import asdict, dataclass, field
 
 from tuner.quantiles import percentile
-from workers.failures import EngineFailure
-from workers.replay import Outcome, ReplayResult, RequestRecord
-from workers.server_metrics import (INFERENCE_TIME, PREEMPTIONS, PREFIX_HITS, PREFIX_QUERIES, QUEUE_TIME,
+from tuner.workers.failures import EngineFailure
+from tuner.workers.replay import Outcome, ReplayResult, RequestRecord
+from tuner.workers.server_metrics import (INFERENCE_TIME, PREEMPTIONS, PREFIX_HITS, PREFIX_QUERIES, QUEUE_TIME,
                                     Histogram)
 
 

@@ -27,7 +27,7 @@ from ray.exceptions import RayActorError, RayError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from tuner.errors import TunerError
-from workers.trial import ARTIFACTS, TrialOutcome, TrialSpec, run_trial
+from tuner.workers.trial import ARTIFACTS, TrialOutcome, TrialSpec, run_trial
 
 WorkerLost = RayActorError  # what ray.get raises when the actor (or its node) died mid-trial
 STAGING = Path(tempfile.gettempdir()) / "tuner-trials"

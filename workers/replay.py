@@ -19,8 +19,8 @@ from enum import Enum
 import httpx
 
 from tuner.traces.records import Trace
-from workers.prompts import PromptBuilder
-from workers.server_metrics import SCRAPE_ERRORS, MetricsSampler, MetricsSnapshot, TimelineSample, scrape
+from tuner.workers.prompts import PromptBuilder
+from tuner.workers.server_metrics import SCRAPE_ERRORS, MetricsSampler, MetricsSnapshot, TimelineSample, scrape
 
 
 class Outcome(str, Enum):

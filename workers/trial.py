@@ -15,11 +15,11 @@ from pathlib import Path
 from tuner.hardware import detect_hardware
 from tuner.models import inspect_model
 from tuner.traces.records import Trace
-from workers.engine_config import EngineConfig
-from workers.launch import SERVED_MODEL_NAME, EngineLaunchError, start_engine
-from workers.measure import Measurement, TrialRecord, TrialTimings, measure
-from workers.replay import LiveReplay, RequestRecord, prepare_requests, replay
-from workers.server_metrics import TimelineSample
+from tuner.workers.engine_config import EngineConfig
+from tuner.workers.launch import SERVED_MODEL_NAME, EngineLaunchError, start_engine
+from tuner.workers.measure import Measurement, TrialRecord, TrialTimings, measure
+from tuner.workers.replay import LiveReplay, RequestRecord, prepare_requests, replay
+from tuner.workers.server_metrics import TimelineSample
 
 
 @dataclass(frozen=True)

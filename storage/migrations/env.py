@@ -7,7 +7,7 @@ from typing import Any
 from alembic import context
 from sqlalchemy import create_engine, pool
 
-from storage.schema import VERSION_TABLE, Base, include_name
+from tuner.storage.schema import VERSION_TABLE, Base, include_name
 
 config = context.config
 
