@@ -25,7 +25,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tuner.quantiles import percentile  # noqa: E402
+from tuner.traces.stats import percentile  # noqa: E402
 from tuner.traces.records import Trace, TraceRequest  # noqa: E402
 from tuner.workers.launch import free_port  # noqa: E402
 from tuner.workers.replay import Outcome, prepare_requests, replay  # noqa: E402

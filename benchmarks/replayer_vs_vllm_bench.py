@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tuner.quantiles import percentile  # noqa: E402
+from tuner.traces.stats import percentile  # noqa: E402
 from tuner.traces.records import Trace, TraceRequest  # noqa: E402
 from tuner.workers.engine_config import EngineConfig  # noqa: E402
 from tuner.workers.launch import SERVED_MODEL_NAME, launch_engine  # noqa: E402

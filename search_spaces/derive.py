@@ -18,8 +18,8 @@ import yaml
 from tuner.search_spaces.space import PLATFORMS, SearchSpace, parse_space
 from tuner.errors import TunerError
 from tuner.kv_budget import GiB, BLOCK_TOKENS, DeviceMemory, Fit, ModelMemory, estimate_kv
-from tuner.quantiles import percentile
 from tuner.traces.records import Trace
+from tuner.traces.stats import percentile
 from tuner.workers.engine_config import EngineConfig
 
 AUTO_SPACE = "auto"  # `--space auto`: derive the space instead of reading a file

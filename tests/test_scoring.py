@@ -8,7 +8,7 @@ import pytest
 
 from tuner.errors import TunerError
 from tuner.pruning import BoundaryWatch
-from tuner.quantiles import percentile
+from tuner.traces.stats import percentile
 from tuner.scoring import BOUNDARIES, boundary, parse_limits, score
 from tuner.workers.measure import measure
 from tuner.workers.replay import InFlight, LiveReplay, Outcome, ReplayResult, RequestRecord

@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import asdict, dataclass, field
 
-from tuner.quantiles import percentile
+from tuner.traces.stats import percentile
 from tuner.workers.failures import EngineFailure
 from tuner.workers.replay import Outcome, ReplayResult, RequestRecord
 from tuner.workers.server_metrics import (INFERENCE_TIME, PREEMPTIONS, PREFIX_HITS, PREFIX_QUERIES, QUEUE_TIME,
@@ -20,6 +20,8 @@ class Percentiles:
 
     @classmethod
     def of(cls, values: list[float]) -> Percentiles:
+        if not values:
+            return cls(None, None, None)
         return cls(percentile(values, 50), percentile(values, 95), percentile(values, 99))
 
 

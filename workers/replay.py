@@ -19,6 +19,7 @@ from enum import Enum
 import httpx
 
 from tuner.traces.records import Trace
+from tuner.traces.stats import percentile
 from tuner.workers.prompts import PromptBuilder
 from tuner.workers.server_metrics import SCRAPE_ERRORS, MetricsSampler, MetricsSnapshot, TimelineSample, scrape
 
@@ -130,8 +131,7 @@ def _gap_summary(times: list[float]) -> tuple[float | None, float | None, float 
     gaps = [b - a for a, b in zip(times, times[1:])]
     if not gaps:
         return None, None, None
-    p95 = statistics.quantiles(gaps, n=20, method="inclusive")[-1] if len(gaps) > 1 else gaps[0]
-    return statistics.fmean(gaps), p95, max(gaps)
+    return statistics.fmean(gaps), percentile(gaps, 95), max(gaps)
 
 
 def _refused(status: int) -> bool:
