@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
-import shutil
-import subprocess
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+
+import psutil
+import pynvml
 
 
 @dataclass(frozen=True)
@@ -29,6 +32,7 @@ class HardwareInfo:
 
 
 def _cpu_model() -> str:
+    # psutil has no CPU model name: /proc/cpuinfo on Linux, the platform's guess elsewhere.
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -39,46 +43,67 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def _memory_gib() -> float:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    except (ValueError, OSError):
-        return 0.0
+def visible_gpus(cuda_visible_devices: str | None, uuids: Sequence[str]) -> list[str]:
+    """The UUIDs of the devices CUDA shows a process, in CUDA's order.
+
+    `uuids` are the machine's GPUs in NVML's order (PCI bus order: CUDA's too under CUDA_DEVICE_ORDER=PCI_BUS_ID,
+    and the same GPUs whatever the order on a machine of one GPU model). Unset CUDA_VISIBLE_DEVICES shows every
+    GPU. Otherwise each entry is an index, a GPU UUID or a prefix that names one GPU alone, or a MIG device UUID
+    (passed through: only NVML can tell whether it exists); as CUDA does, the list ends at the first entry that
+    names no device, so an empty value shows none."""
+    if cuda_visible_devices is None:
+        return list(uuids)
+    visible = []
+    for entry in (e.strip() for e in cuda_visible_devices.split(",")):
+        if entry.isdigit() and int(entry) < len(uuids):
+            visible.append(uuids[int(entry)])
+        elif entry.startswith("MIG-"):
+            visible.append(entry)
+        elif entry.startswith("GPU-") and len(named := [u for u in uuids if u.startswith(entry)]) == 1:
+            visible.append(named[0])
+        else:
+            break
+    return visible
 
 
-def _gpus() -> list[tuple[str, float]]:
-    """(name, memory GiB) per GPU visible to this process, from nvidia-smi; none without it."""
-    if shutil.which("nvidia-smi") is None:
+def _gpus(cuda_visible_devices: str | None) -> list[tuple[str, float]]:
+    """(name, memory GiB) per GPU this process may use, from NVML; none where there is no NVIDIA driver."""
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:  # no libnvidia-ml (no driver), or a driver that does not answer
         return []
     try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader,nounits"],
-            capture_output=True, text=True, timeout=20, check=True,
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
+        uuids = [pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i))
+                 for i in range(pynvml.nvmlDeviceGetCount())]
+        gpus = []
+        for uuid in visible_gpus(cuda_visible_devices, uuids):
+            try:
+                handle = pynvml.nvmlDeviceGetHandleByUUID(uuid)
+            except pynvml.NVMLError_NotFound:  # a MIG UUID of no device: CUDA's list ends there
+                break
+            gpus.append((pynvml.nvmlDeviceGetName(handle), pynvml.nvmlDeviceGetMemoryInfo(handle).total / 2**30))
+        return gpus
+    except pynvml.NVMLError:
         return []
-    gpus = []
-    for line in out.strip().splitlines():
-        name, _, mib = line.rpartition(",")
-        try:
-            gpus.append((name.strip(), float(mib) / 1024))
-        except ValueError:
-            continue
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None and visible.strip() != "":
-        wanted = [int(i) for i in visible.split(",") if i.strip().isdigit()]
-        gpus = [gpus[i] for i in wanted if i < len(gpus)]
-    return gpus
+    finally:
+        pynvml.nvmlShutdown()
 
 
 def detect_hardware() -> HardwareInfo:
-    gpus = _gpus()
+    """The machine this process runs on: the GPUs CUDA lets it use (CUDA_VISIBLE_DEVICES applied), its CPU and
+    memory. Detected once per process and value of CUDA_VISIBLE_DEVICES (Ray sets it as a worker starts)."""
+    return _detect(os.environ.get("CUDA_VISIBLE_DEVICES"))
+
+
+@functools.cache
+def _detect(cuda_visible_devices: str | None) -> HardwareInfo:
+    gpus = _gpus(cuda_visible_devices)
     return HardwareInfo(
         accelerator="cuda" if gpus else "cpu",
         gpu_model=gpus[0][0] if gpus else None,
         gpu_memory_gib=gpus[0][1] if gpus else None,
         gpu_count=len(gpus),
         cpu_model=_cpu_model(),
-        cpu_cores=os.cpu_count() or 1,
-        memory_gib=_memory_gib(),
+        cpu_cores=psutil.cpu_count() or 1,
+        memory_gib=psutil.virtual_memory().total / 2**30,
     )
