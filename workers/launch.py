@@ -108,7 +108,10 @@ def stop_process_group(process: subprocess.Popen) -> None:
     process.terminate()
     with contextlib.suppress(subprocess.TimeoutExpired):
         process.wait(timeout=2 * STOP_GRACE_S)
-    terminate_group(process.pid, STOP_GRACE_S)
+    # The guard is spared there and killed here, so that its exit code (SIGKILL: the launch's failure class) is
+    # reaped by `process`, not by the group's wait.
+    terminate_group(process.pid, STOP_GRACE_S, spare=(process.pid,))
+    process.kill()
     with contextlib.suppress(subprocess.TimeoutExpired):
         process.wait(timeout=5)
 

@@ -6,7 +6,6 @@ import contextlib
 import ctypes
 import os
 import signal
-import time
 
 import psutil
 
@@ -36,24 +35,18 @@ def group_members(pgid: int) -> list[psutil.Process]:
     return members
 
 
-def _wait_gone(procs: list[psutil.Process], timeout_s: float) -> list[psutil.Process]:
-    deadline = time.monotonic() + timeout_s
-    while (alive := [p for p in procs if _running(p)]) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return alive
-
-
 def terminate_group(pgid: int, grace_s: float, spare: tuple[int, ...] = ()) -> None:
     """SIGTERM every member of the group but those in `spare`, wait up to grace_s, then SIGKILL what is left.
 
     Members are found by group id, not by parentage: an engine-core process whose server was killed outright
-    has a new parent but is still in the group."""
+    has a new parent but is still in the group. A member that is the caller's child is reaped here: spare one
+    whose exit code a subprocess.Popen must still read."""
     members = [p for p in group_members(pgid) if p.pid not in spare]
     for proc in members:
         with contextlib.suppress(psutil.Error):
             proc.terminate()
-    alive = _wait_gone(members, grace_s)
+    _, alive = psutil.wait_procs(members, timeout=grace_s)
     for proc in alive + [p for p in group_members(pgid) if p.pid not in spare and p not in members]:
         with contextlib.suppress(psutil.Error):
             proc.kill()
-    _wait_gone(alive, 5)
+    psutil.wait_procs(alive, timeout=5)
