@@ -14,6 +14,8 @@ import pynvml
 
 @dataclass(frozen=True)
 class HardwareInfo:
+    """The machine a trial ran on, stored beside its measurement; the GPU fields describe the first GPU."""
+
     accelerator: str  # "cuda" or "cpu"
     gpu_model: str | None
     gpu_memory_gib: float | None
