@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import statistics
-from dataclasses import asdict, dataclass
 from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
