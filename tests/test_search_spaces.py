@@ -455,5 +455,6 @@ def test_float_steps_read_as_written():
     from tuner.search_spaces.space import FloatParameter
 
     s = study()
-    values = {FloatParameter("gpu_memory_utilization", 0.15, 0.95, step=0.05).suggest(s.ask()) for _ in range(60)}
+    utilization = FloatParameter(type="float", low=0.15, high=0.95, step=0.05)
+    values = {utilization.suggest(s.ask(), "gpu_memory_utilization") for _ in range(60)}
     assert values <= {round(0.15 + 0.05 * k, 2) for k in range(17)} and len(values) > 5
