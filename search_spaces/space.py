@@ -16,7 +16,7 @@ from decimal import Decimal
 from importlib import resources
 from pathlib import Path
 from types import UnionType
-from typing import TYPE_CHECKING, Annotated, Any, Literal, Self, Union, get_args, get_origin
+from typing import TYPE_CHECKING, Annotated, Any, Generic, Literal, Self, TypeVar, Union, get_args, get_origin
 
 import optuna
 import yaml
@@ -319,6 +319,7 @@ _Value = Annotated[StrictBool | StrictInt | StrictFloat | StrictStr, WrapValidat
 # The name of an EngineConfig field (taken from EngineConfig, so that a new field is a new setting at once).
 _Setting = Annotated[Literal[tuple(_FIELD_KINDS)], WrapValidator(_known_setting)]  # type: ignore[valid-type]
 _Number = Annotated[float, Strict(), AllowInfNan(False)]  # an int is accepted too
+N = TypeVar("N")
 
 
 def _engine_value(name: str, value: Scalar, key: str) -> Scalar:
@@ -343,8 +344,14 @@ class _Parameter(_Record):
         return {**{name: None for name, field in cls.model_fields.items() if field.is_required()}, **data}
 
 
-class _Range(_Parameter):
-    """The checks an int and a float range share; `low`, `high`, `step` and `log` are declared by each."""
+class _Range(_Parameter, Generic[N]):
+    """A range of numbers of type N: [low, high], continuous (floats), on a grid of `step`, or on a log scale."""
+
+    type: str  # narrowed to the tag of each kind of range
+    low: N
+    high: N
+    step: Annotated[N, Field(gt=0)] | None = None
+    log: StrictBool = False
 
     @model_validator(mode="after")
     def _coherent(self) -> Self:
@@ -371,14 +378,10 @@ class _Range(_Parameter):
         return self
 
 
-class IntParameter(_Range):
+class IntParameter(_Range[StrictInt]):
     """An integer, uniform over [low, high] on a grid of `step` (unset: 1), or on a log scale."""
 
     type: Literal["int"]
-    low: StrictInt
-    high: StrictInt
-    step: Annotated[StrictInt, Field(gt=0)] | None = None
-    log: StrictBool = False
 
     def _whole_steps(self) -> bool:
         return (self.high - self.low) % self.step == 0  # exact, for integers of any size
@@ -390,14 +393,10 @@ class IntParameter(_Range):
         return trial.suggest_int(name, self.low, self.high, step=self.step or 1, log=self.log)
 
 
-class FloatParameter(_Range):
+class FloatParameter(_Range[_Number]):
     """A float over [low, high], continuous, on a grid of `step`, or on a log scale."""
 
     type: Literal["float"]
-    low: _Number
-    high: _Number
-    step: Annotated[_Number, Field(gt=0)] | None = None
-    log: StrictBool = False
 
     def _whole_steps(self) -> bool:
         steps = (self.high - self.low) / self.step
@@ -458,9 +457,10 @@ class Constraint(_Record):
         return f"constraint {self.require.text}{condition} fails: {self.require.shown(values)}"
 
 
+# Its JSON Schema is published as search_spaces/schema.json (tests/test_search_spaces.py keeps the two equal).
 class SpaceFile(_Record):
     """A search space file for tuner: the vLLM settings a study fixes, those it searches, and the constraints
-    between them. Settings are EngineConfig's fields; a setting is either fixed or searched."""
+    between them; a setting is either fixed or searched."""
 
     model_config = ConfigDict(title="tuner search space", json_schema_extra={
         "$schema": "https://json-schema.org/draft/2020-12/schema"})
@@ -500,11 +500,6 @@ class SpaceFile(_Record):
 
 
 _SECTIONS = ("fixed", "parameters", "constraints")
-
-
-def file_schema() -> dict[str, Any]:
-    """The JSON Schema of a search space file, as published in search_spaces/schema.json."""
-    return SpaceFile.model_json_schema()
 
 
 @dataclass(frozen=True)
@@ -628,33 +623,23 @@ def _key_and_record(loc: tuple[int | str, ...]) -> tuple[str, type[BaseModel] | 
     for part in loc:
         if part == "[key]":
             break
-        node = _bare(node)
-        if isinstance(node, type) and issubclass(node, BaseModel):
-            record = node
-            field = node.model_fields.get(str(part))
+        if get_origin(node) is Annotated:
+            node = get_args(node)[0]
+        record = node if isinstance(node, type) and issubclass(node, BaseModel) else None
+        if record is not None:
+            field = record.model_fields.get(str(part))
             node = field.annotation if field is not None else None
         elif get_origin(node) in (Union, UnionType):  # the parameter union: `part` is the type tag
             node = next(m for m in get_args(node) if get_args(m.model_fields["type"].annotation) == (part,))
             continue
+        elif get_origin(node) in (list, tuple):
+            key += f"[{part}]"
+            node = get_args(node)[0]
+            continue
         else:
-            record = None
-            if get_origin(node) in (list, tuple):
-                key += f"[{part}]"
-                node = get_args(node)[0]
-                continue
             node = get_args(node)[1] if get_origin(node) is dict else None
         key += f".{part}"
     return key.removeprefix("."), record
-
-
-def _bare(annotation: Any) -> Any:
-    """The type inside `Annotated[...]`, without `| None`."""
-    if get_origin(annotation) is Annotated:
-        annotation = get_args(annotation)[0]
-    if get_origin(annotation) in (Union, UnionType):
-        members = [m for m in get_args(annotation) if m is not type(None)]
-        return members[0] if len(members) == 1 else Union[tuple(members)]
-    return annotation
 
 
 def _joined(key: str, more: str | None) -> str:
