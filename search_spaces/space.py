@@ -272,7 +272,7 @@ def _parsed_comparison(text: str) -> Comparison:
     try:
         return parse_comparison(text)
     except TunerError as exc:
-        raise _Refused(str(exc)) from None
+        raise _refused(str(exc)) from None
 
 
 def _operand(kind: str, token: str) -> Operand:
@@ -290,36 +290,36 @@ def _operand(kind: str, token: str) -> Operand:
 
 # ---- the file format: pydantic models, also the records the rest of tuner uses ----
 
-class _Refused(PydanticCustomError):
+def _refused(message: str, key: str | None = None) -> PydanticCustomError:
     """A check of the format that is more than a type: `message` about `key` (None: the record itself).
 
     The key is relative to the record being validated, so that an error found by a record's own validator
     still names the exact key in the file."""
-
-    def __new__(cls, message: str, key: str | None = None) -> _Refused:
-        return super().__new__(cls, "space_format", "{message}", {"key": key, "message": message})
+    return PydanticCustomError("space_format", "{message}", {"key": key, "message": message})
 
 
-def _single_value(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
-    try:
-        return handler(value)
-    except ValidationError:  # one error for the value, not one per scalar type it is not
-        raise _Refused(f"expected a single value, got {_shown(value)}") from None
-
-
-def _known_setting(name: Any, handler: ValidatorFunctionWrapHandler) -> Any:
-    try:
-        return handler(name)
-    except ValidationError:
-        raise _Refused(f"unknown engine setting; known: {', '.join(_FIELD_KINDS)}") from None
+def _refused_as(message: Callable[[Any], str]) -> WrapValidator:
+    """A type refused with one error of ours, `message(value)`, instead of pydantic's (one per member of a union,
+    or a literal's every value)."""
+    def validate(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        try:
+            return handler(value)
+        except ValidationError:
+            raise _refused(message(value)) from None
+    return WrapValidator(validate)
 
 
 # A value as YAML writes it; EngineConfig then reads it as its setting's type (`fixed` and `choices`).
-_Value = Annotated[StrictBool | StrictInt | StrictFloat | StrictStr, WrapValidator(_single_value)]
+_Value = Annotated[StrictBool | StrictInt | StrictFloat | StrictStr,
+                   _refused_as(lambda value: f"expected a single value, got {_shown(value)}")]
 # The name of an EngineConfig field (taken from EngineConfig, so that a new field is a new setting at once).
-_Setting = Annotated[Literal[tuple(_FIELD_KINDS)], WrapValidator(_known_setting)]  # type: ignore[valid-type]
+if TYPE_CHECKING:
+    _Setting = str
+else:
+    _Setting = Annotated[Literal[tuple(_FIELD_KINDS)],
+                         _refused_as(lambda _: f"unknown engine setting; known: {', '.join(_FIELD_KINDS)}")]
 _Number = Annotated[float, Strict(), AllowInfNan(False)]  # an int is accepted too
-N = TypeVar("N")
+_N = TypeVar("_N", bound=float)  # int or float
 
 
 def _engine_value(name: str, value: Scalar, key: str) -> Scalar:
@@ -327,7 +327,7 @@ def _engine_value(name: str, value: Scalar, key: str) -> Scalar:
     try:
         return getattr(EngineConfig.from_dict({name: value}), name)
     except TunerError as exc:
-        raise _Refused(str(exc), key) from None
+        raise _refused(str(exc), key) from None
 
 
 class _Record(BaseModel):
@@ -344,35 +344,39 @@ class _Parameter(_Record):
         return {**{name: None for name, field in cls.model_fields.items() if field.is_required()}, **data}
 
 
-class _Range(_Parameter, Generic[N]):
-    """A range of numbers of type N: [low, high], continuous (floats), on a grid of `step`, or on a log scale."""
+class _Range(_Parameter, Generic[_N]):
+    """A range of numbers of type _N: [low, high], continuous (floats), on a grid of `step`, or on a log scale."""
 
     type: str  # narrowed to the tag of each kind of range
-    low: N
-    high: N
-    step: Annotated[N, Field(gt=0)] | None = None
+    low: _N
+    high: _N
+    step: Annotated[_N, Field(gt=0)] | None = None
     log: StrictBool = False
 
     @model_validator(mode="after")
     def _coherent(self) -> Self:
         if self.low > self.high:
-            raise _Refused(f"low ({self.low}) is above high ({self.high})")
+            raise _refused(f"low ({self.low}) is above high ({self.high})")
         if self.log and self.low <= 0:
-            raise _Refused(f"a log scale needs low above 0, got {self.low}", "low")
+            raise _refused(f"a log scale needs low above 0, got {self.low}", "low")
         if self.step is not None:
             if self.log:
-                raise _Refused("step and log cannot be combined", "step")
-            if not self._whole_steps():
-                raise _Refused(f"high ({self.high}) is not low ({self.low}) plus a whole number of steps "
+                raise _refused("step and log cannot be combined", "step")
+            if not self._whole_steps(self.step):
+                raise _refused(f"high ({self.high}) is not low ({self.low}) plus a whole number of steps "
                                f"({self.step})", "high")
         return self
+
+    def _whole_steps(self, step: _N) -> bool:
+        """Whether [low, high] is a whole number of steps; each kind of range does the arithmetic its own way."""
+        raise NotImplementedError
 
     def for_setting(self, name: str) -> Self:
         """This range as setting `name` takes it: of the setting's own type, with bounds EngineConfig accepts.
         Errors name keys relative to `parameters`."""
         kind = _FIELD_KINDS[name]
         if kind != self.type:
-            raise _Refused(f"{name} is a {kind} setting; use type {kind} or categorical", f"{name}.type")
+            raise _refused(f"{name} is a {kind} setting; use type {kind} or categorical", f"{name}.type")
         for bound in ("low", "high"):
             _engine_value(name, getattr(self, bound), f"{name}.{bound}")
         return self
@@ -383,8 +387,8 @@ class IntParameter(_Range[StrictInt]):
 
     type: Literal["int"]
 
-    def _whole_steps(self) -> bool:
-        return (self.high - self.low) % self.step == 0  # exact, for integers of any size
+    def _whole_steps(self, step: int) -> bool:
+        return (self.high - self.low) % step == 0  # exact, for integers of any size
 
     def distribution(self) -> IntDistribution:
         return IntDistribution(self.low, self.high, log=self.log, step=self.step or 1)
@@ -398,10 +402,10 @@ class FloatParameter(_Range[_Number]):
 
     type: Literal["float"]
 
-    def _whole_steps(self) -> bool:
-        steps = (self.high - self.low) / self.step
+    def _whole_steps(self, step: float) -> bool:
+        steps = (self.high - self.low) / step
         if not math.isfinite(steps):
-            raise _Refused(f"{self.step} is too small for the range {self.low} to {self.high}", "step")
+            raise _refused(f"{step} is too small for the range {self.low} to {self.high}", "step")
         return math.isclose(steps, round(steps), abs_tol=1e-9)
 
     def distribution(self) -> FloatDistribution:
@@ -429,7 +433,7 @@ class CategoricalParameter(_Parameter):
         choices = tuple(_engine_value(name, c, f"{name}.choices[{i}]") for i, c in enumerate(self.choices))
         repeated = [c for i, c in enumerate(choices) if c in choices[:i]]
         if repeated:
-            raise _Refused(f"{repeated[0]!r} is listed twice", f"{name}.choices")
+            raise _refused(f"{repeated[0]!r} is listed twice", f"{name}.choices")
         return self.model_copy(update={"choices": choices})
 
     def distribution(self) -> CategoricalDistribution:
@@ -440,6 +444,12 @@ class CategoricalParameter(_Parameter):
 
 
 Parameter = Annotated[IntParameter | FloatParameter | CategoricalParameter, Field(discriminator="type")]
+
+
+def _tag(record: type[BaseModel]) -> str | None:
+    """The `type` a parameter record is written with (None: not a parameter)."""
+    field = record.model_fields.get("type")
+    return get_args(field.annotation)[0] if field is not None else None
 
 
 class Constraint(_Record):
@@ -495,7 +505,7 @@ class SpaceFile(_Record):
     def _fixed_or_searched(self) -> Self:
         both = [name for name in self.parameters if name in self.fixed]
         if both:
-            raise _Refused("is also fixed; a setting is either fixed or searched", f"parameters.{both[0]}")
+            raise _refused("is also fixed; a setting is either fixed or searched", f"parameters.{both[0]}")
         return self
 
 
@@ -511,7 +521,7 @@ class SearchSpace:
     path: Path
     text: str  # the file as written, stored with a study
     fixed: dict[str, Scalar]
-    parameters: dict[str, IntParameter | FloatParameter | CategoricalParameter]
+    parameters: dict[str, Parameter]
     constraints: tuple[Constraint, ...]
 
     def suggest(self, trial: optuna.trial.Trial) -> EngineConfig:
@@ -599,13 +609,12 @@ def _explained(error: ErrorDetails) -> tuple[str, str]:
     if kind == "space_format":
         return _joined(key, ctx["key"]), ctx["message"]
     if kind in ("extra_forbidden", "invalid_key"):
-        known = ", ".join(record.model_fields) if record is not None else ""
-        tag = record.model_fields.get("type") if record is not None else None
-        for_type = f" for type {get_args(tag.annotation)[0]}" if tag is not None else ""
-        return key, f"unknown key{for_type}; known: {known}"
+        tag = _tag(record) if record is not None else None
+        for_type = f" for type {tag}" if tag is not None else ""
+        return key, f"unknown key{for_type}; known: {', '.join(record.model_fields if record is not None else ())}"
     if kind in ("union_tag_invalid", "union_tag_not_found"):
-        tag = ctx.get("tag")
-        return _joined(key, "type"), f"expected one of int, float, categorical, got {_shown(tag)}"
+        types = ", ".join(str(_tag(member)) for member in get_args(get_args(Parameter)[0]))
+        return _joined(key, "type"), f"expected one of {types}, got {_shown(ctx.get('tag'))}"
     if kind == "missing":
         return key, "missing"
     if kind == "greater_than":
@@ -619,7 +628,8 @@ def _key_and_record(loc: tuple[int | str, ...]) -> tuple[str, type[BaseModel] | 
     """`loc` as the file spells the key (`parameters.max_num_seqs.low`, `constraints[0]`), and the record that
     holds its last part (None: a mapping or list). Walks SpaceFile's annotations: pydantic's loc also holds
     the `type` tag of a parameter, which is not a key, and `[key]` where a mapping's key itself is wrong."""
-    key, record, node = "", None, SpaceFile
+    key, record = "", None
+    node: Any = SpaceFile
     for part in loc:
         if part == "[key]":
             break
@@ -630,7 +640,7 @@ def _key_and_record(loc: tuple[int | str, ...]) -> tuple[str, type[BaseModel] | 
             field = record.model_fields.get(str(part))
             node = field.annotation if field is not None else None
         elif get_origin(node) in (Union, UnionType):  # the parameter union: `part` is the type tag
-            node = next(m for m in get_args(node) if get_args(m.model_fields["type"].annotation) == (part,))
+            node = next(member for member in get_args(node) if _tag(member) == part)
             continue
         elif get_origin(node) in (list, tuple):
             key += f"[{part}]"
