@@ -3,6 +3,10 @@
 A file names settings that are `fixed` (always set), `parameters` (searched: int, float or categorical) and
 `constraints` between settings (`NAME OP VALUE`, optionally `when: NAME OP VALUE`). Every proposal is also
 checked against the built-in rules below, before any launch, so an impossible configuration costs no trial.
+
+The format is pydantic records (SpaceFile, and the parameters and constraints that the rest of tuner uses as
+read); their JSON Schema is published as search_spaces/schema.json. A broken file is refused with one line that
+names the file and the key.
 """
 
 from __future__ import annotations
