@@ -6,11 +6,12 @@ from tuner.search_spaces.space import (
     PREDICTED_KV_INSUFFICIENT,
     SearchSpace,
     SpaceContext,
+    SpaceFile,
     load_space,
     parse_comparison,
     parse_space,
     shipped_spaces,
 )
 
-__all__ = ["BUILT_IN_RULES", "PLATFORMS", "PREDICTED_KV_INSUFFICIENT", "SearchSpace", "SpaceContext", "load_space", "parse_comparison",
-           "parse_space", "shipped_spaces"]
+__all__ = ["BUILT_IN_RULES", "PLATFORMS", "PREDICTED_KV_INSUFFICIENT", "SearchSpace", "SpaceContext", "SpaceFile",
+           "load_space", "parse_comparison", "parse_space", "shipped_spaces"]

@@ -3,6 +3,10 @@
 A file names settings that are `fixed` (always set), `parameters` (searched: int, float or categorical) and
 `constraints` between settings (`NAME OP VALUE`, optionally `when: NAME OP VALUE`). Every proposal is also
 checked against the built-in rules below, before any launch, so an impossible configuration costs no trial.
+
+The format is pydantic records (SpaceFile, and the parameters and constraints that the rest of tuner uses as
+read); their JSON Schema is published as search_spaces/schema.json. A broken file is refused with one line that
+names the file and the key.
 """
 
 from __future__ import annotations
@@ -15,11 +19,16 @@ from dataclasses import dataclass, fields
 from decimal import Decimal
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from types import UnionType
+from typing import TYPE_CHECKING, Annotated, Any, Generic, Literal, Self, TypeVar, Union, get_args, get_origin
 
 import optuna
 import yaml
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
+from pydantic import (AllowInfNan, BaseModel, ConfigDict, Field, GetCoreSchemaHandler, Strict, StrictBool, StrictFloat,
+                      StrictInt, StrictStr, ValidationError, ValidatorFunctionWrapHandler, WrapValidator,
+                      field_validator, model_validator)
+from pydantic_core import ErrorDetails, PydanticCustomError, core_schema
 
 from tuner.errors import TunerError
 from tuner.kv_budget import DeviceMemory, Fit, ModelMemory, estimate_kv
@@ -36,10 +45,6 @@ PREDICTED_KV_INSUFFICIENT = "kv_insufficient (predicted)"
 
 # "int", "float", "bool" or "str" for every EngineConfig field (its annotations are strings like "int | None").
 _FIELD_KINDS = {f.name: str(f.type).split(" |")[0] for f in fields(EngineConfig)}
-_TOP_KEYS = ("name", "description", "fixed", "parameters", "constraints")
-_PARAMETER_KEYS = {"int": ("type", "low", "high", "step", "log"), "float": ("type", "low", "high", "step", "log"),
-                   "categorical": ("type", "choices")}
-_CONSTRAINT_KEYS = ("require", "when")
 
 
 @dataclass(frozen=True)
@@ -232,6 +237,11 @@ class Comparison:
         names = dict.fromkeys(o.field for o in (self.left, self.right) if o.field is not None)
         return ", ".join(f"{name}={values.get(name)}" for name in names)
 
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: Any, handler: GetCoreSchemaHandler) -> core_schema.CoreSchema:
+        """In a pydantic record, a comparison is written as its text (`NAME OP VALUE`) and parsed on validation."""
+        return core_schema.no_info_after_validator_function(_parsed_comparison, core_schema.str_schema(strict=True))
+
 
 def parse_comparison(text: str) -> Comparison:
     """Parse `NAME OP VALUE` (either side a field or a number, true/false or quoted-string literal)."""
@@ -262,6 +272,13 @@ def parse_comparison(text: str) -> Comparison:
     return Comparison(left, op, right, " ".join(value for _, value in tokens))
 
 
+def _parsed_comparison(text: str) -> Comparison:
+    try:
+        return parse_comparison(text)
+    except TunerError as exc:
+        raise _refused(str(exc)) from None
+
+
 def _operand(kind: str, token: str) -> Operand:
     if kind == "string":
         return Operand(literal=token[1:-1])
@@ -275,12 +292,175 @@ def _operand(kind: str, token: str) -> Operand:
     return Operand(field=token)
 
 
-@dataclass(frozen=True)
-class Constraint:
+# ---- the file format: pydantic models, also the records the rest of tuner uses ----
+
+def _refused(message: str, key: str | None = None) -> PydanticCustomError:
+    """A check of the format that is more than a type: `message` about `key` (None: the record itself).
+
+    The key is relative to the record being validated, so that an error found by a record's own validator
+    still names the exact key in the file."""
+    return PydanticCustomError("space_format", "{message}", {"key": key, "message": message})
+
+
+def _refused_as(message: Callable[[Any], str]) -> WrapValidator:
+    """A type refused with one error of ours, `message(value)`, instead of pydantic's (one per member of a union,
+    or a literal's every value)."""
+    def validate(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        try:
+            return handler(value)
+        except ValidationError:
+            raise _refused(message(value)) from None
+    return WrapValidator(validate)
+
+
+# A value as YAML writes it; EngineConfig then reads it as its setting's type (`fixed` and `choices`).
+_Value = Annotated[StrictBool | StrictInt | StrictFloat | StrictStr,
+                   _refused_as(lambda value: f"expected a single value, got {_shown(value)}")]
+# The name of an EngineConfig field (taken from EngineConfig, so that a new field is a new setting at once).
+if TYPE_CHECKING:
+    _Setting = str
+else:
+    _Setting = Annotated[Literal[tuple(_FIELD_KINDS)],
+                         _refused_as(lambda _: f"unknown engine setting; known: {', '.join(_FIELD_KINDS)}")]
+_Number = Annotated[float, Strict(), AllowInfNan(False)]  # an int is accepted too
+_N = TypeVar("_N", bound=float)  # int or float
+
+
+def _engine_value(name: str, value: Scalar, key: str) -> Scalar:
+    """`value` as EngineConfig stores setting `name`; EngineConfig's own message, at `key`, if it refuses it."""
+    try:
+        return getattr(EngineConfig.from_dict({name: value}), name)
+    except TunerError as exc:
+        raise _refused(str(exc), key) from None
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class _Parameter(_Record):
+    @model_validator(mode="before")
+    @classmethod
+    def _absent_is_empty(cls, data: Any) -> Any:
+        """An absent `low`, `high` or `choices` reads as one written empty: `expected an integer, got nothing`."""
+        if not isinstance(data, dict):
+            return data
+        return {**{name: None for name, field in cls.model_fields.items() if field.is_required()}, **data}
+
+
+class _Range(_Parameter, Generic[_N]):
+    """A range of numbers of type _N: [low, high], continuous (floats), on a grid of `step`, or on a log scale."""
+
+    type: str  # narrowed to the tag of each kind of range
+    low: _N
+    high: _N
+    step: Annotated[_N, Field(gt=0)] | None = None
+    log: StrictBool = False
+
+    @model_validator(mode="after")
+    def _coherent(self) -> Self:
+        if self.low > self.high:
+            raise _refused(f"low ({self.low}) is above high ({self.high})")
+        if self.log and self.low <= 0:
+            raise _refused(f"a log scale needs low above 0, got {self.low}", "low")
+        if self.step is not None:
+            if self.log:
+                raise _refused("step and log cannot be combined", "step")
+            if not self._whole_steps(self.step):
+                raise _refused(f"high ({self.high}) is not low ({self.low}) plus a whole number of steps "
+                               f"({self.step})", "high")
+        return self
+
+    def _whole_steps(self, step: _N) -> bool:
+        """Whether [low, high] is a whole number of steps; each kind of range does the arithmetic its own way."""
+        raise NotImplementedError
+
+    def for_setting(self, name: str) -> Self:
+        """This range as setting `name` takes it: of the setting's own type, with bounds EngineConfig accepts.
+        Errors name keys relative to `parameters`."""
+        kind = _FIELD_KINDS[name]
+        if kind != self.type:
+            raise _refused(f"{name} is a {kind} setting; use type {kind} or categorical", f"{name}.type")
+        for bound in ("low", "high"):
+            _engine_value(name, getattr(self, bound), f"{name}.{bound}")
+        return self
+
+
+class IntParameter(_Range[StrictInt]):
+    """An integer, uniform over [low, high] on a grid of `step` (unset: 1), or on a log scale."""
+
+    type: Literal["int"]
+
+    def _whole_steps(self, step: int) -> bool:
+        return (self.high - self.low) % step == 0  # exact, for integers of any size
+
+    def distribution(self) -> IntDistribution:
+        return IntDistribution(self.low, self.high, log=self.log, step=self.step or 1)
+
+    def suggest(self, trial: optuna.trial.Trial, name: str) -> int:
+        return trial.suggest_int(name, self.low, self.high, step=self.step or 1, log=self.log)
+
+
+class FloatParameter(_Range[_Number]):
+    """A float over [low, high], continuous, on a grid of `step`, or on a log scale."""
+
+    type: Literal["float"]
+
+    def _whole_steps(self, step: float) -> bool:
+        steps = (self.high - self.low) / step
+        if not math.isfinite(steps):
+            raise _refused(f"{step} is too small for the range {self.low} to {self.high}", "step")
+        return math.isclose(steps, round(steps), abs_tol=1e-9)
+
+    def distribution(self) -> FloatDistribution:
+        return FloatDistribution(self.low, self.high, log=self.log, step=self.step)
+
+    def suggest(self, trial: optuna.trial.Trial, name: str) -> float:
+        value = trial.suggest_float(name, self.low, self.high, step=self.step, log=self.log)
+        if self.step is None:
+            return value
+        # Optuna's grid is low + k * step in binary floating point (0.7500000000000001): round it to the
+        # step's own decimals, so that the vllm serve command reads as the grid was written.
+        decimals = max(0, -Decimal(str(self.step)).normalize().as_tuple().exponent)
+        return round(value, decimals)
+
+
+class CategoricalParameter(_Parameter):
+    """One of a list of values."""
+
+    type: Literal["categorical"]
+    choices: Annotated[tuple[_Value, ...], Field(min_length=1)]
+
+    def for_setting(self, name: str) -> Self:
+        """The choices as setting `name` takes them (`'8'` is 8 for an int setting), each one EngineConfig
+        accepts and none twice. Errors name keys relative to `parameters`."""
+        choices = tuple(_engine_value(name, c, f"{name}.choices[{i}]") for i, c in enumerate(self.choices))
+        repeated = [c for i, c in enumerate(choices) if c in choices[:i]]
+        if repeated:
+            raise _refused(f"{repeated[0]!r} is listed twice", f"{name}.choices")
+        return self.model_copy(update={"choices": choices})
+
+    def distribution(self) -> CategoricalDistribution:
+        return CategoricalDistribution(self.choices)
+
+    def suggest(self, trial: optuna.trial.Trial, name: str) -> Scalar:
+        return trial.suggest_categorical(name, self.choices)
+
+
+Parameter = Annotated[IntParameter | FloatParameter | CategoricalParameter, Field(discriminator="type")]
+
+
+def _tag(record: type[BaseModel]) -> str | None:
+    """The `type` a parameter record is written with (None: not a parameter)."""
+    field = record.model_fields.get("type")
+    return get_args(field.annotation)[0] if field is not None else None
+
+
+class Constraint(_Record):
     """`require` must hold whenever `when` does; a field unset in a configuration makes it not apply."""
 
-    require: Comparison
-    when: Comparison | None = None
+    require: Comparison = Field(description="NAME OP VALUE, e.g. max_num_batched_tokens >= max_model_len")
+    when: Comparison | None = Field(None, description="NAME OP VALUE: require applies only where this holds")
 
     def violation(self, values: dict[str, Any]) -> str | None:
         if self.when is not None and not self.when.evaluate(values):
@@ -291,63 +471,49 @@ class Constraint:
         return f"constraint {self.require.text}{condition} fails: {self.require.shown(values)}"
 
 
-# ---- parameters ----
+# Its JSON Schema is published as search_spaces/schema.json (tests/test_search_spaces.py keeps the two equal).
+class SpaceFile(_Record):
+    """A search space file for tuner: the vLLM settings a study fixes, those it searches, and the constraints
+    between them; a setting is either fixed or searched."""
 
-@dataclass(frozen=True)
-class IntParameter:
-    """An integer, uniform over [low, high] on a grid of `step`, or on a log scale."""
+    model_config = ConfigDict(title="tuner search space", json_schema_extra={
+        "$schema": "https://json-schema.org/draft/2020-12/schema"})
 
-    name: str
-    low: int
-    high: int
-    step: int = 1
-    log: bool = False
+    name: StrictStr | None = Field(None, description="the space's name; unset: the file's name without .yaml")
+    description: StrictStr = ""
+    fixed: dict[_Setting, _Value] = Field(default_factory=dict, description="settings every trial runs with")
+    parameters: dict[_Setting, Parameter] = Field(default_factory=dict, description="settings searched")
+    constraints: list[Constraint] = Field(default_factory=list,
+                                          description="rules between settings; a proposal that breaks one is "
+                                                      "refused before launch")
 
-    def distribution(self) -> IntDistribution:
-        return IntDistribution(self.low, self.high, log=self.log, step=self.step)
+    @model_validator(mode="before")
+    @classmethod
+    def _empty_section_is_absent(cls, data: Any) -> Any:
+        """`fixed:` with nothing under it (YAML's null) is no fixed values, and so for the other sections."""
+        if not isinstance(data, dict):
+            return data
+        return {key: value for key, value in data.items() if not (value is None and key in _SECTIONS)}
 
-    def suggest(self, trial: optuna.trial.Trial) -> int:
-        return trial.suggest_int(self.name, self.low, self.high, step=self.step, log=self.log)
+    @field_validator("fixed")
+    @classmethod
+    def _fixed_as_engine_takes_them(cls, fixed: dict[str, Scalar]) -> dict[str, Scalar]:
+        return {name: _engine_value(name, value, name) for name, value in fixed.items()}
 
+    @field_validator("parameters")
+    @classmethod
+    def _parameters_as_engine_takes_them(cls, parameters: dict[str, Any]) -> dict[str, Any]:
+        return {name: parameter.for_setting(name) for name, parameter in parameters.items()}
 
-@dataclass(frozen=True)
-class FloatParameter:
-    """A float over [low, high], continuous, on a grid of `step`, or on a log scale."""
-
-    name: str
-    low: float
-    high: float
-    step: float | None = None
-    log: bool = False
-
-    def distribution(self) -> FloatDistribution:
-        return FloatDistribution(self.low, self.high, log=self.log, step=self.step)
-
-    def suggest(self, trial: optuna.trial.Trial) -> float:
-        value = trial.suggest_float(self.name, self.low, self.high, step=self.step, log=self.log)
-        if self.step is None:
-            return value
-        # Optuna's grid is low + k * step in binary floating point (0.7500000000000001): round it to the
-        # step's own decimals, so that the vllm serve command reads as the grid was written.
-        decimals = max(0, -Decimal(str(self.step)).normalize().as_tuple().exponent)
-        return round(value, decimals)
-
-
-@dataclass(frozen=True)
-class CategoricalParameter:
-    """One of a list of values."""
-
-    name: str
-    choices: tuple[Scalar, ...]
-
-    def distribution(self) -> CategoricalDistribution:
-        return CategoricalDistribution(self.choices)
-
-    def suggest(self, trial: optuna.trial.Trial) -> Scalar:
-        return trial.suggest_categorical(self.name, self.choices)
+    @model_validator(mode="after")
+    def _fixed_or_searched(self) -> Self:
+        both = [name for name in self.parameters if name in self.fixed]
+        if both:
+            raise _refused("is also fixed; a setting is either fixed or searched", f"parameters.{both[0]}")
+        return self
 
 
-Parameter = IntParameter | FloatParameter | CategoricalParameter
+_SECTIONS = ("fixed", "parameters", "constraints")
 
 
 @dataclass(frozen=True)
@@ -364,7 +530,7 @@ class SearchSpace:
 
     def suggest(self, trial: optuna.trial.Trial) -> EngineConfig:
         """Ask the trial for every parameter; the configuration it proposes, fixed values included."""
-        return EngineConfig(**self.fixed, **{name: p.suggest(trial) for name, p in self.parameters.items()})
+        return EngineConfig(**self.fixed, **{name: p.suggest(trial, name) for name, p in self.parameters.items()})
 
     def baseline(self) -> EngineConfig:
         """The fixed values only: every searched setting at vLLM's own default."""
@@ -390,7 +556,9 @@ def shipped_spaces() -> list[str]:
 
 
 def load_space(path_or_name: str | Path) -> SearchSpace:
-    """Load and validate a search space file: a path, or the bare name of a shipped one (`default`)."""
+    """Load and validate a search space file: a path, or the bare name of a shipped one (`default`).
+
+    Any fault is a TunerError of one line naming the file and the key."""
     if isinstance(path_or_name, str) and path_or_name in shipped_spaces():
         source = resources.files("tuner.search_spaces") / f"{path_or_name}.yaml"
         path = Path(str(source))
@@ -403,161 +571,101 @@ def load_space(path_or_name: str | Path) -> SearchSpace:
             text = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             raise TunerError(f"{path}: cannot read ({exc})") from None
-    return _Parser(path).space(text)
+    return parse_space(text, path)
 
 
 def parse_space(text: str, source: Path) -> SearchSpace:
-    """A space from text already read (a study's stored copy); `source` names it in errors."""
-    return _Parser(source).space(text)
+    """A space from text already read (a study's stored copy); `source` names it in errors, as in load_space."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or " ".join(str(exc).split())
+        raise _located(source, "", f"invalid YAML{where}: {problem}") from None
+    except RecursionError:  # PyYAML composes nested collections recursively
+        raise _located(source, "", "invalid YAML: nested too deeply") from None
+    try:
+        file = SpaceFile.model_validate(data)
+    except ValidationError as exc:
+        raise _located(source, *_explained(exc.errors()[0])) from None
+    return SearchSpace(name=source.stem if file.name is None else file.name, description=file.description,
+                       path=source, text=text, fixed=file.fixed, parameters=file.parameters,
+                       constraints=tuple(file.constraints))
 
 
-class _Parser:
-    """Validation of one file; every error names the file and the offending key."""
+# ---- pydantic's errors as one line: the key as the file spells it, and what was wrong ----
 
-    def __init__(self, path: Path):
-        self.path = path
+# What the file should have held, by pydantic's error type; the line reads `expected <this>, got <value>`.
+_EXPECTED = {
+    "int_type": "an integer", "float_type": "a number", "finite_number": "a number", "bool_type": "true or false",
+    "string_type": "a string", "list_type": "a list",
+    "dict_type": "a mapping", "model_type": "a mapping", "model_attributes_type": "a mapping",
+    # `choices` is the format's only tuple, and may not be empty.
+    "tuple_type": "a non-empty list of values", "too_short": "a non-empty list of values",
+}
 
-    def error(self, key: str, message: str) -> TunerError:
-        key = key if key.isprintable() else repr(key)  # a key with a line break must not break the line
-        return TunerError(f"{self.path}: {key}: {message}" if key else f"{self.path}: {message}")
 
-    def space(self, text: str) -> SearchSpace:
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-            problem = getattr(exc, "problem", None) or " ".join(str(exc).split())
-            raise self.error("", f"invalid YAML{where}: {problem}") from None
-        except RecursionError:  # PyYAML composes nested collections recursively
-            raise self.error("", "invalid YAML: nested too deeply") from None
-        data = self.mapping("", data)
-        unknown = [key for key in data if key not in _TOP_KEYS]
-        if unknown:
-            raise self.error(str(unknown[0]), f"unknown key; known: {', '.join(_TOP_KEYS)}")
-        fixed = {name: self.value(f"fixed.{name}", name, value)
-                 for name, value in self.settings("fixed", data.get("fixed")).items()}
-        parameters = {}
-        for name, spec in self.settings("parameters", data.get("parameters")).items():
-            if name in fixed:
-                raise self.error(f"parameters.{name}", "is also fixed; a setting is either fixed or searched")
-            parameters[name] = self.parameter(f"parameters.{name}", name, spec)
-        return SearchSpace(
-            name=self.text("name", data.get("name", self.path.stem)),
-            description=self.text("description", data.get("description", "")),
-            path=self.path, text=text, fixed=fixed, parameters=parameters,
-            constraints=self.constraints(data.get("constraints")),
-        )
+def _explained(error: ErrorDetails) -> tuple[str, str]:
+    """The key an error is about, as the file spells it, and what was wrong there."""
+    key, record = _key_and_record(error["loc"])
+    kind, ctx = error["type"], error.get("ctx", {})
+    if kind == "space_format":
+        return _joined(key, ctx["key"]), ctx["message"]
+    if kind in ("extra_forbidden", "invalid_key"):
+        tag = _tag(record) if record is not None else None
+        for_type = f" for type {tag}" if tag is not None else ""
+        return key, f"unknown key{for_type}; known: {', '.join(record.model_fields if record is not None else ())}"
+    if kind in ("union_tag_invalid", "union_tag_not_found"):
+        types = ", ".join(str(_tag(member)) for member in get_args(get_args(Parameter)[0]))
+        return _joined(key, "type"), f"expected one of {types}, got {_shown(ctx.get('tag'))}"
+    if kind == "missing":
+        return key, "missing"
+    if kind == "greater_than":
+        return key, f"must be above {ctx['gt']}, got {_shown(error['input'])}"
+    if kind in _EXPECTED:
+        return key, f"expected {_EXPECTED[kind]}, got {_shown(error['input'])}"
+    return key, error["msg"]
 
-    def mapping(self, key: str, value: Any) -> dict:
-        if not isinstance(value, dict):
-            raise self.error(key, f"expected a mapping, got {_shown(value)}")
-        return value
 
-    def text(self, key: str, value: Any) -> str:
-        if not isinstance(value, str):
-            raise self.error(key, f"expected a string, got {_shown(value)}")
-        return value
+def _key_and_record(loc: tuple[int | str, ...]) -> tuple[str, type[BaseModel] | None]:
+    """`loc` as the file spells the key (`parameters.max_num_seqs.low`, `constraints[0]`), and the record that
+    holds its last part (None: a mapping or list). Walks SpaceFile's annotations: pydantic's loc also holds
+    the `type` tag of a parameter, which is not a key, and `[key]` where a mapping's key itself is wrong."""
+    key, record = "", None
+    node: Any = SpaceFile
+    for part in loc:
+        if part == "[key]":
+            break
+        if get_origin(node) is Annotated:
+            node = get_args(node)[0]
+        record = node if isinstance(node, type) and issubclass(node, BaseModel) else None
+        if record is not None:
+            field = record.model_fields.get(str(part))
+            node = field.annotation if field is not None else None
+        elif get_origin(node) in (Union, UnionType):  # the parameter union: `part` is the type tag
+            node = next(member for member in get_args(node) if _tag(member) == part)
+            continue
+        elif get_origin(node) in (list, tuple):
+            key += f"[{part}]"
+            node = get_args(node)[0]
+            continue
+        else:
+            node = get_args(node)[1] if get_origin(node) is dict else None
+        key += f".{part}"
+    return key.removeprefix("."), record
 
-    def settings(self, key: str, value: Any) -> dict[str, Any]:
-        """A mapping keyed by EngineConfig field names; absent or empty is no settings."""
-        settings = self.mapping(key, {} if value is None else value)
-        for name in settings:
-            if name not in _FIELD_KINDS:
-                raise self.error(f"{key}.{name}", f"unknown engine setting; known: {', '.join(_FIELD_KINDS)}")
-        return settings
 
-    def value(self, key: str, name: str, value: Any) -> Scalar:
-        """The value as EngineConfig stores it; EngineConfig's own error, located, if it refuses it."""
-        if value is None or isinstance(value, (list, dict)):
-            raise self.error(key, f"expected a single value, got {_shown(value)}")
-        try:
-            return getattr(EngineConfig.from_dict({name: value}), name)
-        except TunerError as exc:
-            raise self.error(key, str(exc)) from None
+def _joined(key: str, more: str | None) -> str:
+    if not more:
+        return key
+    return f"{key}{more}" if more.startswith("[") or not key else f"{key}.{more}"
 
-    def parameter(self, key: str, name: str, spec: Any) -> Parameter:
-        spec = self.mapping(key, spec)
-        kind = spec.get("type")
-        if kind not in _PARAMETER_KEYS:
-            raise self.error(f"{key}.type", f"expected one of {', '.join(_PARAMETER_KEYS)}, got {_shown(kind)}")
-        unknown = [k for k in spec if k not in _PARAMETER_KEYS[kind]]
-        if unknown:
-            raise self.error(f"{key}.{unknown[0]}", f"unknown key for type {kind}; "
-                                                   f"known: {', '.join(_PARAMETER_KEYS[kind])}")
-        if kind == "categorical":
-            return CategoricalParameter(name, self.choices(f"{key}.choices", name, spec.get("choices")))
-        if _FIELD_KINDS[name] != kind:
-            raise self.error(f"{key}.type", f"{name} is a {_FIELD_KINDS[name]} setting; "
-                                            f"use type {_FIELD_KINDS[name]} or categorical")
-        return self.numeric(key, name, kind, spec)
 
-    def numeric(self, key: str, name: str, kind: str, spec: dict) -> IntParameter | FloatParameter:
-        low, high = (self.number(f"{key}.{bound}", spec.get(bound), kind) for bound in ("low", "high"))
-        log = spec.get("log", False)
-        if not isinstance(log, bool):
-            raise self.error(f"{key}.log", f"expected true or false, got {_shown(log)}")
-        step = spec.get("step")
-        if low > high:
-            raise self.error(key, f"low ({low}) is above high ({high})")
-        if log and low <= 0:
-            raise self.error(f"{key}.low", f"a log scale needs low above 0, got {low}")
-        if step is not None and log:
-            raise self.error(f"{key}.step", "step and log cannot be combined")
-        for bound, value in (("low", low), ("high", high)):
-            self.value(f"{key}.{bound}", name, value)
-        if step is not None:
-            step = self.number(f"{key}.step", step, kind)
-            if step <= 0:
-                raise self.error(f"{key}.step", f"must be above 0, got {step}")
-            steps = (high - low) / step
-            if not math.isfinite(steps):
-                raise self.error(f"{key}.step", f"{step} is too small for the range {low} to {high}")
-            if not math.isclose(steps, round(steps), abs_tol=1e-9):
-                raise self.error(f"{key}.high", f"high ({high}) is not low ({low}) plus a whole number of steps ({step})")
-        if kind == "int":
-            return IntParameter(name, low, high, step=1 if step is None else step, log=log)
-        return FloatParameter(name, float(low), float(high), step=None if step is None else float(step), log=log)
-
-    def number(self, key: str, value: Any, kind: str) -> int | float:
-        wanted = (int,) if kind == "int" else (int, float)
-        if isinstance(value, bool) or not isinstance(value, wanted) or not math.isfinite(value):
-            raise self.error(key, f"expected {'an integer' if kind == 'int' else 'a number'}, got {_shown(value)}")
-        return value
-
-    def choices(self, key: str, name: str, value: Any) -> tuple[Scalar, ...]:
-        if not isinstance(value, list) or not value:
-            raise self.error(key, f"expected a non-empty list of values, got {_shown(value)}")
-        choices = tuple(self.value(f"{key}[{i}]", name, choice) for i, choice in enumerate(value))
-        repeated = [c for i, c in enumerate(choices) if c in choices[:i]]
-        if repeated:
-            raise self.error(key, f"{repeated[0]!r} is listed twice")
-        return choices
-
-    def constraints(self, value: Any) -> tuple[Constraint, ...]:
-        if value is None:
-            return ()
-        if not isinstance(value, list):
-            raise self.error("constraints", f"expected a list, got {_shown(value)}")
-        parsed = []
-        for i, item in enumerate(value):
-            key = f"constraints[{i}]"
-            item = self.mapping(key, item)
-            unknown = [k for k in item if k not in _CONSTRAINT_KEYS]
-            if unknown:
-                raise self.error(f"{key}.{unknown[0]}", f"unknown key; known: {', '.join(_CONSTRAINT_KEYS)}")
-            if "require" not in item:
-                raise self.error(f"{key}.require", "missing")
-            when = self.comparison(f"{key}.when", item["when"]) if "when" in item else None
-            parsed.append(Constraint(self.comparison(f"{key}.require", item["require"]), when))
-        return tuple(parsed)
-
-    def comparison(self, key: str, value: Any) -> Comparison:
-        text = self.text(key, value)
-        try:
-            return parse_comparison(text)
-        except TunerError as exc:
-            raise self.error(key, str(exc)) from None
+def _located(path: Path, key: str, message: str) -> TunerError:
+    """The one line of a broken file: `PATH: KEY: MESSAGE`."""
+    key = key if key.isprintable() else repr(key)  # a key with a line break must not break the line
+    return TunerError(f"{path}: {key}: {message}" if key else f"{path}: {message}")
 
 
 def _shown(value: Any) -> str:

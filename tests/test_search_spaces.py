@@ -2,21 +2,25 @@
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
+import jsonschema
 import optuna
 import pytest
+import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
 from conftest import AZURE_CONV
-from tuner.search_spaces import (PLATFORMS, PREDICTED_KV_INSUFFICIENT, SpaceContext, load_space, parse_comparison,
-                           shipped_spaces)
+from tuner.search_spaces import (PLATFORMS, PREDICTED_KV_INSUFFICIENT, SpaceContext, SpaceFile, load_space,
+                                 parse_comparison, shipped_spaces)
 from tuner.errors import TunerError
 from tuner.kv_budget import DeviceMemory, ModelMemory
 from tuner.models import ModelInfo
+from tuner.search_spaces.space import FloatParameter
 from tuner.traces.records import Trace, TraceRequest
 from tuner.traces.selection import TraceSelection, load_trace
 from tuner.workers.engine_config import EngineConfig
@@ -120,6 +124,26 @@ def test_default_space_proposes_unchunked_batches_that_the_rules_reject():
     context = SpaceContext("cuda", longest_request_tokens=1024, fit=None, model_max_len=16384)
     reasons = [r for _ in range(60) for r in space.violations(space.suggest(s.ask()), context)]
     assert any("with enable_chunked_prefill false" in r for r in reasons)
+
+
+# ---- the published JSON Schema ----
+
+SCHEMA = Path(__file__).parent.parent / "search_spaces" / "schema.json"
+
+
+def test_the_published_schema_is_the_one_the_models_generate():
+    assert json.loads(SCHEMA.read_text()) == SpaceFile.model_json_schema(), (
+        "regenerate: python -c 'import json; from tuner.search_spaces.space import SpaceFile; "
+        "print(json.dumps(SpaceFile.model_json_schema(), indent=2))' > search_spaces/schema.json")
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_the_schema_accepts_every_shipped_space_and_refuses_an_unknown_key(name):
+    schema = json.loads(SCHEMA.read_text())
+    document = yaml.safe_load(load_space(name).text)
+    jsonschema.validate(document, schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({**document, "parameterz": {}}, schema)
 
 
 # ---- validation errors: one line, naming the file and the key ----
@@ -452,8 +476,7 @@ def test_any_proposal_gives_reasons_or_none_never_an_exception(name, data, conte
 
 def test_float_steps_read_as_written():
     """Optuna's step grid is binary floating point; the configuration, and so `vllm serve`, is not."""
-    from tuner.search_spaces.space import FloatParameter
-
     s = study()
-    values = {FloatParameter("gpu_memory_utilization", 0.15, 0.95, step=0.05).suggest(s.ask()) for _ in range(60)}
+    utilization = FloatParameter(type="float", low=0.15, high=0.95, step=0.05)
+    values = {utilization.suggest(s.ask(), "gpu_memory_utilization") for _ in range(60)}
     assert values <= {round(0.15 + 0.05 * k, 2) for k in range(17)} and len(values) > 5
