@@ -21,4 +21,5 @@ def test_the_wheel_installs_only_the_tuner_package_with_its_data(tmp_path):
     # What the code reads at run time: the migrations, the bundled spaces, traces and model configs.
     assert "tuner/storage/migrations/versions/0001_initial.py" in names
     assert {f"tuner/search_spaces/{p.name}" for p in (REPO / "search_spaces").glob("*.yaml")} <= set(names)
+    assert "tuner/search_spaces/schema.json" in names  # the file format, for editors
     assert any(name.startswith("tuner/data/traces/") for name in names)
