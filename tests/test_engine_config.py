@@ -33,6 +33,7 @@ def test_serve_command_quotes_what_a_shell_would_split():
     (["max_num_seqs=0"], "max_num_seqs must be at least 1"),
     (["max_num_seqs=2147483648"], "max_num_seqs must be at most 2147483647, got 2147483648"),
     (["max_model_len=" + "9" * 300], "max_model_len must be at most 2147483647, got 1e+300"),
+    (["max_model_len=" + "9" * 400], "max_model_len must be at most 2147483647, got a number of 400 digits"),
     (["kv_cache_memory_bytes=" + "1" + "0" * 18], "kv_cache_memory_bytes must be at most 9007199254740992"),
     (["gpu_memory_utilization=1.5"], "gpu_memory_utilization must be in (0, 1]"),
     (["enforce_eager=maybe"], "enforce_eager expects bool"),

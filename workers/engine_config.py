@@ -16,6 +16,16 @@ _COUNT_MAX = 2**31 - 1
 _BYTES_MAX = 2**53
 
 
+
+def _shown(value: int | float) -> int | float | str:
+    """A number as an error message shows it: whole when short, else in three digits."""
+    if value < 10**15:
+        return value
+    try:
+        return f"{value:.3g}"
+    except OverflowError:  # an integer past float's range (10**400 in a file): its size says enough
+        return f"a number of {len(str(value))} digits"
+
 @dataclass(frozen=True)
 class EngineConfig:
     max_num_seqs: int | None = None
@@ -42,7 +52,7 @@ class EngineConfig:
                 raise TunerError(f"{name} must be at least 1, got {value}")
             most = _BYTES_MAX if name == "kv_cache_memory_bytes" else _COUNT_MAX
             if value > most:
-                raise TunerError(f"{name} must be at most {most}, got {value if value < 1e15 else f'{value:.3g}'}")
+                raise TunerError(f"{name} must be at most {most}, got {_shown(value)}")
         if self.gpu_memory_utilization is not None and not 0 < self.gpu_memory_utilization <= 1:
             raise TunerError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.dtype is not None and self.dtype not in _DTYPES:
