@@ -2,11 +2,11 @@
 ending with a morning summary.
 
 The schedules live in the study database, in APScheduler's SQLAlchemy job store (table `tuner_schedules`), so
-they outlive the process that runs them; each run and its summary is a row of `tuner_schedule_runs` beside it.
-One process hosts them (`tuner serve`, or `tuner schedule host`): it runs each schedule when due, one run at a
-time, as a `tuner study run` subprocess, which keeps Ray and the engines out of the host. Any process may add,
-list, remove or make a schedule due (the command line does, while the host runs): the host looks at the store
-every few seconds, since APScheduler 3 only notices its own changes.
+they outlive the process that runs them; each run and its summary is a row of `tuner_schedule_runs` beside it
+(one of tuner's migrated tables). One process hosts them (`tuner serve`, or `tuner schedule host`): it runs each
+schedule when due, one run at a time, as a `tuner study run` subprocess, which keeps Ray and the engines out of
+the host. Any process may add, list, remove or make a schedule due (the command line does, while the host runs):
+the host looks at the store every few seconds, since APScheduler 3 only notices its own changes.
 
 A run never goes past the end of the window it falls in: it starts no trial that cannot finish inside it
 (judged by the study's median trial time) and stops any trial still running at its end. A run that starts
@@ -34,9 +34,9 @@ from apscheduler.jobstores.sqlalchemy import SQLAlchemyJobStore
 from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.schedulers.base import STATE_STOPPED
 from apscheduler.triggers.cron import CronTrigger
-from sqlalchemy import JSON, Column, Integer, MetaData, String, Table, insert, select, update
+from sqlalchemy import insert, select, update
 
-from tuner.storage.schema import SCHEDULE_JOBS_TABLE, SCHEDULE_RUNS_TABLE
+from tuner.storage.schema import SCHEDULE_JOBS_TABLE, ScheduleRunRow
 from tuner.describe import context_line, recommendation_context
 from tuner.errors import NotFound, TunerError
 from tuner.runs import run_env, study_run_argv
@@ -53,19 +53,7 @@ _NUMBERED_WEEKDAY = re.compile(r"(?<![/\d])\d")  # a weekday number, not a step 
 
 _logger = logging.getLogger(__name__)
 
-_runs_metadata = MetaData()
-RUNS = Table(
-    SCHEDULE_RUNS_TABLE, _runs_metadata,
-    Column("id", Integer, primary_key=True),
-    Column("schedule", String(191), nullable=False, index=True),
-    Column("study", String(512), nullable=False),
-    Column("state", String(32), nullable=False),
-    Column("due_at", String(64), nullable=False),
-    Column("started_at", String(64), nullable=False),
-    Column("window_end", String(64), nullable=False),
-    Column("finished_at", String(64)),
-    Column("summary", JSON, nullable=False),  # trials, best, previous_best, stopped_early, error
-)
+RUNS = ScheduleRunRow.__table__
 
 
 def cron_trigger(cron: str, timezone) -> CronTrigger:
@@ -214,7 +202,6 @@ class ScheduleBook:
                  poll_s: float = POLL_S):
         self.plan = plan
         self.repo = plan.repository()  # tuner's tables migrated, or a clear error if the database is unreachable
-        RUNS.create(self.repo.engine, checkfirst=True)
         self.poll_s = poll_s
         self._emit = on_event or (lambda kind, data: None)
         self._stopping = threading.Event()
