@@ -171,6 +171,25 @@ def _trial_dict(t) -> dict:
             "feasible": t.score.get("feasible"), "reason": reason}
 
 
+@dataclass(frozen=True)
+class RunStarted:
+    """A schedule's run has started; it ends by window_end."""
+
+    schedule: str
+    study: str
+    window_end: datetime
+
+
+@dataclass(frozen=True)
+class RunFinished:
+    """A schedule's run has ended, its row and morning summary written."""
+
+    run: ScheduleRun
+
+
+ScheduleEvent = RunStarted | RunFinished
+
+
 class _Scheduler(BackgroundScheduler):
     def _process_jobs(self):
         # APScheduler 3 looks at the job store once more after shutdown, even when it was only paused, and would
@@ -194,12 +213,12 @@ class ScheduleBook:
     """The schedules of one study database. Opened as is, it reads and changes them; `start()` hosts them
     (runs each when due) until `shutdown()`. One process per database should host them."""
 
-    def __init__(self, plan: StoragePlan, *, on_event: Callable[[str, dict], None] | None = None,
+    def __init__(self, plan: StoragePlan, *, on_event: Callable[[ScheduleEvent], None] | None = None,
                  poll_s: float = POLL_S):
         self.plan = plan
         self.repo = plan.repository()  # tuner's tables migrated, or a clear error if the database is unreachable
         self.poll_s = poll_s
-        self._emit = on_event or (lambda kind, data: None)
+        self._emit = on_event or (lambda event: None)
         self._stopping = threading.Event()
         self._child: StudyRunChild | None = None  # the latest run's `tuner study run`
         # The Repository's engine: on SQLite it waits for other writers instead of failing.
@@ -349,7 +368,7 @@ class ScheduleBook:
                 schedule=name, study=study, state=RunState.RUNNING, due_at=due.isoformat(timespec="seconds"),
                 started_at=started.isoformat(timespec="seconds"),
                 window_end=window_end.isoformat(timespec="seconds"), summary=summary)).inserted_primary_key[0]
-        self._emit("run_started", {"schedule": name, "study": study, "window_end": window_end})
+        self._emit(RunStarted(name, study, window_end))
         state = RunState.FAILED
         try:
             state, summary["stopped_early"], summary["error"] = self._study_run(study, trials, window_end)
@@ -363,7 +382,7 @@ class ScheduleBook:
                 conn.execute(update(RUNS).where(RUNS.c.id == run_id).values(
                     state=state, finished_at=self._now().isoformat(timespec="seconds"), summary=summary))
                 run = _run_from_row(conn.execute(select(RUNS).where(RUNS.c.id == run_id)).one())
-            self._emit("run_finished", {"run": run})
+            self._emit(RunFinished(run))
 
     def _study_run(self, study: str, trials: int | None,
                    window_end: datetime) -> tuple[RunState, str | None, str | None]:
