@@ -159,8 +159,8 @@ class Schedule:
 
 def _run_from_row(row) -> ScheduleRun:
     summary = row.summary
-    return ScheduleRun(row.id, row.schedule, row.study, RunState(row.state), row.due_at, row.started_at, row.window_end,
-                       row.finished_at, summary.get("trials", []), summary.get("best"),
+    return ScheduleRun(row.id, row.schedule, row.study, RunState(row.state), row.due_at, row.started_at,
+                       row.window_end, row.finished_at, summary.get("trials", []), summary.get("best"),
                        summary.get("previous_best"), summary.get("stopped_early"), summary.get("error"))
 
 
@@ -393,7 +393,7 @@ class ScheduleBook:
         argv = study_run_argv(study, trials=trials, window_s=round(left_s, 3))
         with tempfile.TemporaryDirectory(prefix="tuner-schedule-run-") as folder:
             self._child = child = StudyRunChild.start(argv, run_env(self.plan), Path(folder))
-            if self._stopping.is_set():
+            if self._stopping.is_set():  # shutdown() began before it could see this child
                 child.stop("the host shut down")
             end = child.wait(max(0.0, window_end.timestamp() + OVERRUN_GRACE_S - time.time()))
             if end is None:
