@@ -19,17 +19,14 @@ NAMING_CONVENTION = {
 }
 
 
-# The schedules (APScheduler's job store) and their runs: tuner.schedules creates and keeps these two beside
-# the job store, as APScheduler does its own, outside the migrations.
+# The schedules: APScheduler's job store creates and keeps this table itself, outside the migrations.
 SCHEDULE_JOBS_TABLE = "tuner_schedules"
-SCHEDULE_RUNS_TABLE = "tuner_schedule_runs"
 
 
 def include_name(name: str | None, type_: str, parent_names: dict) -> bool:
-    """Alembic filter: only the tables of tuner's migrations are compared or migrated, never Optuna's nor the
-    schedules'."""
-    return type_ != "table" or ((name or "").startswith(TABLE_PREFIX)
-                                and name not in (SCHEDULE_JOBS_TABLE, SCHEDULE_RUNS_TABLE))
+    """Alembic filter: only the tables of tuner's migrations are compared or migrated, never Optuna's nor
+    APScheduler's job store."""
+    return type_ != "table" or ((name or "").startswith(TABLE_PREFIX) and name != SCHEDULE_JOBS_TABLE)
 
 
 class Base(DeclarativeBase):
@@ -128,3 +125,19 @@ class LaunchFailureRow(Base):
     exit_code: Mapped[int | None] = mapped_column(Integer)
     log_excerpt: Mapped[str] = mapped_column(Text)
     estimated_max_model_len: Mapped[int | None] = mapped_column(Integer)
+
+
+class ScheduleRunRow(Base):
+    """One run of a schedule (tuner.schedules writes it) and its morning summary."""
+
+    __tablename__ = "tuner_schedule_runs"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    schedule: Mapped[str] = mapped_column(String(191), index=True)
+    study: Mapped[str] = mapped_column(String(512))
+    state: Mapped[str] = mapped_column(String(32))
+    due_at: Mapped[str] = mapped_column(String(64))
+    started_at: Mapped[str] = mapped_column(String(64))
+    window_end: Mapped[str] = mapped_column(String(64))
+    finished_at: Mapped[str | None] = mapped_column(String(64))
+    summary: Mapped[dict] = mapped_column(JSON)  # trials, best, previous_best, stopped_early, error

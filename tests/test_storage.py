@@ -16,7 +16,7 @@ from alembic.migration import MigrationContext
 
 from tuner.storage import (Repository, StoredRequest, StoredTrial, StudySettings, VERSION_TABLE, alembic_config,
                      attach_trial_artifacts, default_artifact_dir, default_storage_url, redact_url, trial_artifacts)
-from tuner.storage.schema import Base, include_name
+from tuner.storage.schema import Base, ScheduleRunRow, include_name
 from tuner.errors import TunerError
 from tuner.traces.records import Trace, TraceRequest, Transformation
 from tuner.traces.stats import trace_stats
@@ -24,7 +24,8 @@ from tuner.workers.failures import FailureClass, classify_failure
 from tuner.workers.measure import TrialRecord, TrialTimings, measure
 from tuner.workers.replay import Outcome, ReplayResult, RequestRecord
 
-TUNER_TABLES = {"tuner_studies", "tuner_traces", "tuner_trials", "tuner_requests", "tuner_launch_failures"}
+TUNER_TABLES = {"tuner_studies", "tuner_traces", "tuner_trials", "tuner_requests", "tuner_launch_failures",
+                "tuner_schedule_runs"}
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -95,7 +96,7 @@ def test_migrate_twice_is_a_no_op(url):
     repo.save_study(settings())
     repo.migrate()
     assert TUNER_TABLES | {VERSION_TABLE} <= set(sa.inspect(repo.engine).get_table_names())
-    assert revision(repo, VERSION_TABLE) == ["0001"]
+    assert revision(repo, VERSION_TABLE) == ["0002"]
     assert [s.name for s in repo.list_studies()] == ["s1"]
 
 
@@ -110,7 +111,7 @@ def test_tables_and_revisions_live_beside_optunas(url, optuna_first):
     repo = Repository(url)
     names = set(sa.inspect(repo.engine).get_table_names())
     assert TUNER_TABLES | {VERSION_TABLE, "studies", "trials", "alembic_version"} <= names
-    assert revision(repo, VERSION_TABLE) == ["0001"]
+    assert revision(repo, VERSION_TABLE) == ["0002"]
     assert revision(repo, "alembic_version") == [optuna_storage.get_head_version()]
     # Both sides still work on the shared file.
     study = optuna.create_study(study_name="s1", storage=optuna_storage)
@@ -119,7 +120,7 @@ def test_tables_and_revisions_live_beside_optunas(url, optuna_first):
     assert len(study.trials) == 1 and repo.get_study("s1") == settings()
 
 
-def test_migration_matches_the_schema(url):
+def assert_migrated_to_the_schema(url: str) -> None:
     optuna.storages.RDBStorage(url)  # Optuna's tables must not count as drift
     repo = Repository(url)
     repo.migrate()
@@ -128,6 +129,44 @@ def test_migration_matches_the_schema(url):
                                                          "version_table": VERSION_TABLE})
         assert compare_metadata(context, Base.metadata) == []
     command.check(alembic_config(url))  # `alembic check`, through env.py and its filter
+
+
+def test_migration_matches_the_schema(url):
+    assert_migrated_to_the_schema(url)
+
+
+def test_a_schedule_runs_table_made_by_hand_before_0002_is_kept_by_the_upgrade(url):
+    # The database as the code before revision 0002 left it: tuner's tables at 0001, and tuner_schedule_runs
+    # made by hand (as tuner.schedules made it: no naming convention), with a run in it.
+    command.upgrade(alembic_config(url), "0001")
+    by_hand = sa.Table(
+        "tuner_schedule_runs", sa.MetaData(),
+        sa.Column("id", sa.Integer, primary_key=True),
+        sa.Column("schedule", sa.String(191), nullable=False, index=True),
+        *(sa.Column(name, sa.String(length), nullable=False)
+          for name, length in (("study", 512), ("state", 32), ("due_at", 64), ("started_at", 64), ("window_end", 64))),
+        sa.Column("finished_at", sa.String(64)),
+        sa.Column("summary", sa.JSON, nullable=False))
+    run = {"schedule": "nightly", "study": "s1", "state": "finished", "due_at": "2026-12-01T01:00:00+00:00",
+           "started_at": "2026-12-01T01:00:01+00:00", "window_end": "2026-12-01T06:00:00+00:00",
+           "finished_at": "2026-12-01T05:59:00+00:00", "summary": {"trials": [], "best": None}}
+    repo = Repository(url)
+    by_hand.create(repo.engine)
+    with repo.engine.begin() as conn:
+        conn.execute(sa.insert(by_hand).values(run))
+
+    repo.migrate()
+    assert revision(repo, VERSION_TABLE) == ["0002"]
+    runs = ScheduleRunRow.__table__
+    with repo.engine.begin() as conn:
+        conn.execute(sa.insert(runs).values({**run, "finished_at": None}))  # the ids go on from the old rows
+        rows = conn.execute(sa.select(runs).order_by(runs.c.id)).mappings().all()
+    assert [(row["id"], row["finished_at"], row["summary"]) for row in rows] == [
+        (1, run["finished_at"], run["summary"]), (2, None, run["summary"])]
+    # The same schema as a fresh database's, constraint names included where the database keeps them.
+    assert_migrated_to_the_schema(url)
+    if repo.engine.dialect.name == "postgresql":
+        assert sa.inspect(repo.engine).get_pk_constraint("tuner_schedule_runs")["name"] == "pk_tuner_schedule_runs"
 
 
 def test_studies(repo):

@@ -5,21 +5,15 @@ Ray cluster, so a run that crashes never takes the service down and a stopped ru
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 import threading
 import time
 import uuid
-from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 from tuner.errors import NotFound
-from tuner.workers.process_group import die_with_parent
+from tuner.supervisor import RunState, StudyRunChild, run_env, study_run_argv
 
-STOP_WAIT_S = 60.0  # a stopped run gets this long to stop its engines before it is killed
+EVENTS_FILE = "events.jsonl"  # what the run writes as it goes: one JSON line per trial started or done
 
 
 @dataclass
@@ -30,7 +24,7 @@ class RunRecord:
     study: str
     trials: int | None  # None: as many as fit in the window
     started_at: float
-    state: str = "running"  # running, finished, failed, stopped
+    state: RunState = RunState.RUNNING  # then finished, failed or stopped
     ended_at: float | None = None
     exit_code: int | None = None
     error: str | None = None
@@ -43,20 +37,19 @@ class RunRecord:
 
 
 class _Run:
-    def __init__(self, record: RunRecord, process: subprocess.Popen, folder: Path):
-        self.record, self.process, self.folder = record, process, folder
-        self.stop_requested = False
-
-    @property
-    def events_path(self) -> Path:
-        return self.folder / "events.jsonl"
+    def __init__(self, record: RunRecord, child: StudyRunChild):
+        self.record, self.child = record, child
 
     def refresh(self) -> RunRecord:
-        """The record with what the run's events say so far."""
+        """The record with what the run's events say so far, and how it ended once it has."""
+        if self.record.state is not RunState.RUNNING:
+            return self.record
+        end = self.child.end  # taken before the events are read: when it has ended, they are all there
         started: dict[int, dict] = {}
         finished: list[dict] = []
-        if self.events_path.exists():
-            for line in self.events_path.read_text().splitlines():
+        events = self.child.folder / EVENTS_FILE
+        if events.exists():
+            for line in events.read_text().splitlines():
                 try:
                     event = json.loads(line)
                 except json.JSONDecodeError:  # the line being written right now
@@ -67,25 +60,13 @@ class _Run:
                     started.pop(event["summary"]["number"], None)
                     finished.append(event["summary"])
         self.record.in_flight, self.record.finished = list(started.values()), finished
+        if end is not None:
+            self.record.exit_code, self.record.ended_at, self.record.result = end.exit_code, end.ended_at, end.result
+            if end.state is RunState.FAILED:
+                lines = [line for line in end.stderr.splitlines() if line.strip()]
+                self.record.error = lines[-1] if lines else f"exit code {end.exit_code}"
+            self.record.state = end.state  # last: a record no longer running is not refreshed again
         return self.record
-
-
-def run_env(plan) -> dict[str, str]:
-    """The environment of a `tuner study run` started for a study in `plan`: the storage URL goes by
-    environment, not argv, where any user could read its password."""
-    return {**os.environ, "TUNER_STORAGE": plan.url, "TUNER_ARTIFACTS": str(plan.artifact_dir)}
-
-
-def study_run_argv(study: str, *, trials: int | None = None, window_s: float | None = None,
-                   timeout_s: float | None = None, parallel: int | None = None, prune: bool = True,
-                   events: Path | None = None) -> list[str]:
-    """`tuner study run` with --json, as a process of its own."""
-    argv = [sys.executable, "-m", "tuner", "study", "run", study, "--json", "--prune" if prune else "--no-prune"]
-    for option, value in (("--trials", trials), ("--window", window_s), ("--timeout", timeout_s),
-                          ("--parallel", parallel), ("--events", events)):
-        if value is not None:
-            argv += [option, str(value)]
-    return argv
 
 
 class RunBook:
@@ -102,52 +83,13 @@ class RunBook:
         run_id = uuid.uuid4().hex[:12]
         folder = self.runs_dir / run_id
         folder.mkdir(parents=True)
+        record = RunRecord(run_id, study, trials, time.time())
         argv = study_run_argv(study, trials=trials, window_s=window_s, timeout_s=timeout_s, parallel=parallel,
-                              prune=prune, events=folder / "events.jsonl")
-        launched: Future[_Run] = Future()
-        # The run's own thread starts it and waits for it: the run is told to stop (SIGTERM) when that thread
-        # exits (die_with_parent), so with the service, not with this request's worker thread, which the server
-        # may retire at any time.
-        threading.Thread(target=self._launch_and_await, args=(RunRecord(run_id, study, trials, time.time()), argv,
-                                                               folder, launched),
-                         daemon=True, name=f"run-{run_id}").start()
-        run = launched.result()
+                              prune=prune, events=folder / EVENTS_FILE)
+        run = _Run(record, StudyRunChild.start(argv, run_env(self.plan), folder))
         with self._lock:
             self._runs[run_id] = run
         return run.refresh().to_dict()
-
-    def _launch_and_await(self, record: RunRecord, argv: list[str], folder: Path, launched: Future) -> None:
-        try:
-            with open(folder / "stdout.json", "wb") as stdout, open(folder / "stderr.log", "wb") as stderr:
-                # A process group of its own: when the replica dies, Ray SIGKILLs the replica's group 0.2 s after
-                # its SIGTERM, too soon for the run to record its trials as stopped.
-                process = subprocess.Popen(argv, stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL,
-                                           env=run_env(self.plan), preexec_fn=die_with_parent, process_group=0)
-        except BaseException as exc:
-            launched.set_exception(exc)
-            return
-        run = _Run(record, process, folder)
-        launched.set_result(run)
-        self._await(run)
-
-    def _await(self, run: _Run) -> None:
-        code = run.process.wait()
-        record = run.refresh()
-        record.exit_code, record.ended_at = code, time.time()
-        text = (run.folder / "stdout.json").read_text(errors="replace").strip()
-        try:
-            record.result = json.loads(text) if text else None
-        except json.JSONDecodeError:
-            record.result = None
-        if run.stop_requested:
-            record.state = "stopped"
-        elif code == 0:
-            record.state = "finished"
-        else:
-            record.state = "failed"
-            lines = [line for line in (run.folder / "stderr.log").read_text(errors="replace").splitlines()
-                     if line.strip()]
-            record.error = lines[-1] if lines else f"exit code {code}"
 
     def _get(self, run_id: str) -> _Run:
         with self._lock:
@@ -157,38 +99,24 @@ class RunBook:
         return run
 
     def get(self, run_id: str) -> dict:
-        run = self._get(run_id)
-        return (run.refresh() if run.record.state == "running" else run.record).to_dict()
+        return self._get(run_id).refresh().to_dict()
 
     def list(self, study: str | None = None) -> list[dict]:
         with self._lock:
             runs = list(self._runs.values())
-        return [self.get(r.record.id) for r in runs if study is None or r.record.study == study]
+        return [run.refresh().to_dict() for run in runs if study is None or run.record.study == study]
 
     def stop(self, run_id: str) -> dict:
-        """Ask the run to stop as Ctrl-C would; it is killed if it has not stopped within STOP_WAIT_S."""
+        """Ask the run to stop as Ctrl-C would; it is killed if it has not stopped within STOP_GRACE_S."""
         run = self._get(run_id)
-        if run.process.poll() is None:
-            run.stop_requested = True
-            run.process.send_signal(signal.SIGTERM)
-            threading.Thread(target=self._kill_late, args=(run, STOP_WAIT_S), daemon=True).start()
-        return self.get(run_id)
-
-    @staticmethod
-    def _kill_late(run: _Run, wait_s: float) -> None:
-        try:
-            run.process.wait(wait_s)
-        except subprocess.TimeoutExpired:
-            run.process.kill()
+        run.child.stop("asked to")
+        return run.refresh().to_dict()
 
     def stop_all(self) -> None:
-        """Stop every run and wait for them, all within one STOP_WAIT_S (the service is going away)."""
+        """Stop every run and wait for them, all within about STOP_GRACE_S (the service is going away)."""
         with self._lock:
             runs = list(self._runs.values())
         for run in runs:
-            if run.process.poll() is None:
-                run.stop_requested = True
-                run.process.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + STOP_WAIT_S
+            run.child.stop("the service is going away")
         for run in runs:
-            self._kill_late(run, max(0.0, deadline - time.monotonic()))
+            run.child.wait()

@@ -117,15 +117,17 @@ def schedule_summary(name: NameArgument,
 def schedule_host(storage: StorageOption = None, artifacts: ArtifactsOption = None) -> None:
     """Run the schedules of this database when due, in the foreground, until Ctrl-C (`tuner serve` does the
     same in the service). A run in progress at Ctrl-C is stopped, its trials in flight recorded as stopped."""
+    from tuner.schedules import RunFinished, RunStarted, ScheduleEvent
     from tuner.storage.urls import redact_url
 
-    def on_event(kind: str, data: dict) -> None:
-        if kind == "run_started":
-            err.print(f"schedule {data['schedule']}: run of study {data['study']} started, window until "
-                      f"{data['window_end']:%H:%M:%S}", highlight=False)
-        elif kind == "run_finished":
-            for line in data["run"].lines():
-                err.print(f"schedule {data['run'].schedule}: {line}", highlight=False, soft_wrap=True)
+    def on_event(event: ScheduleEvent) -> None:
+        match event:
+            case RunStarted(schedule, study, window_end):
+                err.print(f"schedule {schedule}: run of study {study} started, window until {window_end:%H:%M:%S}",
+                          highlight=False)
+            case RunFinished(run):
+                for line in run.lines():
+                    err.print(f"schedule {run.schedule}: {line}", highlight=False, soft_wrap=True)
 
     book = _book(storage, artifacts, on_event=on_event)
     try:

@@ -2,11 +2,11 @@
 ending with a morning summary.
 
 The schedules live in the study database, in APScheduler's SQLAlchemy job store (table `tuner_schedules`), so
-they outlive the process that runs them; each run and its summary is a row of `tuner_schedule_runs` beside it.
-One process hosts them (`tuner serve`, or `tuner schedule host`): it runs each schedule when due, one run at a
-time, as a `tuner study run` subprocess, which keeps Ray and the engines out of the host. Any process may add,
-list, remove or make a schedule due (the command line does, while the host runs): the host looks at the store
-every few seconds, since APScheduler 3 only notices its own changes.
+they outlive the process that runs them; each run and its summary is a row of `tuner_schedule_runs` beside it
+(one of tuner's migrated tables). One process hosts them (`tuner serve`, or `tuner schedule host`): it runs each
+schedule when due, one run at a time, as a `tuner study run` subprocess, which keeps Ray and the engines out of
+the host. Any process may add, list, remove or make a schedule due (the command line does, while the host runs):
+the host looks at the store every few seconds, since APScheduler 3 only notices its own changes.
 
 A run never goes past the end of the window it falls in: it starts no trial that cannot finish inside it
 (judged by the study's median trial time) and stops any trial still running at its end. A run that starts
@@ -15,17 +15,16 @@ late (the host was down at the time, or another run held the machine) keeps only
 
 from __future__ import annotations
 
-import json
 import logging
 import re
-import signal
-import subprocess
+import tempfile
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
+from pathlib import Path
 
 from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.job import Job
@@ -34,38 +33,23 @@ from apscheduler.jobstores.sqlalchemy import SQLAlchemyJobStore
 from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.schedulers.base import STATE_STOPPED
 from apscheduler.triggers.cron import CronTrigger
-from sqlalchemy import JSON, Column, Integer, MetaData, String, Table, insert, select, update
+from sqlalchemy import insert, select, update
 
-from tuner.storage.schema import SCHEDULE_JOBS_TABLE, SCHEDULE_RUNS_TABLE
+from tuner.storage.schema import SCHEDULE_JOBS_TABLE, ScheduleRunRow
 from tuner.describe import context_line, recommendation_context
 from tuner.errors import NotFound, TunerError
-from tuner.runs import run_env, study_run_argv
 from tuner.study import StoragePlan, load_optuna_study, recommend
-from tuner.workers.process_group import die_with_parent
+from tuner.supervisor import RunState, StudyRunChild, run_env, study_run_argv
 
 POLL_S = 5.0  # how often the host looks for schedules that other processes added or made due
-# A run's `tuner study run` stops its own trials at the window's end; past this grace it is sent SIGTERM, and
-# this long after a SIGTERM (the host shutting down, or an overrun) it is killed.
-STOP_GRACE_S = 60.0
-RUN_STATES = ("running", "finished", "failed", "stopped", "interrupted")
+# A run's `tuner study run` stops its own trials at the window's end; this long past it, it is told to stop.
+OVERRUN_GRACE_S = 60.0
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,190}")  # APScheduler's job ids are at most 191 characters
 _NUMBERED_WEEKDAY = re.compile(r"(?<![/\d])\d")  # a weekday number, not a step such as */2
 
 _logger = logging.getLogger(__name__)
 
-_runs_metadata = MetaData()
-RUNS = Table(
-    SCHEDULE_RUNS_TABLE, _runs_metadata,
-    Column("id", Integer, primary_key=True),
-    Column("schedule", String(191), nullable=False, index=True),
-    Column("study", String(512), nullable=False),
-    Column("state", String(32), nullable=False),
-    Column("due_at", String(64), nullable=False),
-    Column("started_at", String(64), nullable=False),
-    Column("window_end", String(64), nullable=False),
-    Column("finished_at", String(64)),
-    Column("summary", JSON, nullable=False),  # trials, best, previous_best, stopped_early, error
-)
+RUNS = ScheduleRunRow.__table__
 
 
 def cron_trigger(cron: str, timezone) -> CronTrigger:
@@ -98,7 +82,7 @@ class ScheduleRun:
     id: int
     schedule: str
     study: str
-    state: str  # one of RUN_STATES
+    state: RunState
     due_at: str  # ISO 8601 with the host's offset
     started_at: str
     window_end: str
@@ -126,7 +110,7 @@ class ScheduleRun:
         """The morning summary in words: what ran, what failed, the best so far and whether it is new."""
         lines = [f"{self.schedule} (study {self.study}): {self.state}, started {self.started_at}, "
                  f"window until {self.window_end}" + (f", ended {self.finished_at}" if self.finished_at else "")]
-        if self.state == "running":
+        if self.state is RunState.RUNNING:
             return lines
         counts = ", ".join(f"{n} {state}" for state, n in sorted(self.by_state.items()))
         lines.append(f"{len(self.trials)} trial{'' if len(self.trials) == 1 else 's'}"
@@ -175,8 +159,8 @@ class Schedule:
 
 def _run_from_row(row) -> ScheduleRun:
     summary = row.summary
-    return ScheduleRun(row.id, row.schedule, row.study, row.state, row.due_at, row.started_at, row.window_end,
-                       row.finished_at, summary.get("trials", []), summary.get("best"),
+    return ScheduleRun(row.id, row.schedule, row.study, RunState(row.state), row.due_at, row.started_at,
+                       row.window_end, row.finished_at, summary.get("trials", []), summary.get("best"),
                        summary.get("previous_best"), summary.get("stopped_early"), summary.get("error"))
 
 
@@ -185,6 +169,25 @@ def _trial_dict(t) -> dict:
     return {"number": t.trial_number, "state": t.state, "failure_class": t.failure_class,
             "completed_rps": t.score.get("completed_rps"), "e2e_p95_s": t.score.get("e2e_p95_s"),
             "feasible": t.score.get("feasible"), "reason": reason}
+
+
+@dataclass(frozen=True)
+class RunStarted:
+    """A schedule's run has started; it ends by window_end."""
+
+    schedule: str
+    study: str
+    window_end: datetime
+
+
+@dataclass(frozen=True)
+class RunFinished:
+    """A schedule's run has ended, its row and morning summary written."""
+
+    run: ScheduleRun
+
+
+ScheduleEvent = RunStarted | RunFinished
 
 
 class _Scheduler(BackgroundScheduler):
@@ -210,14 +213,14 @@ class ScheduleBook:
     """The schedules of one study database. Opened as is, it reads and changes them; `start()` hosts them
     (runs each when due) until `shutdown()`. One process per database should host them."""
 
-    def __init__(self, plan: StoragePlan, *, on_event: Callable[[str, dict], None] | None = None,
+    def __init__(self, plan: StoragePlan, *, on_event: Callable[[ScheduleEvent], None] | None = None,
                  poll_s: float = POLL_S):
         self.plan = plan
         self.repo = plan.repository()  # tuner's tables migrated, or a clear error if the database is unreachable
-        RUNS.create(self.repo.engine, checkfirst=True)
         self.poll_s = poll_s
-        self._emit = on_event or (lambda kind, data: None)
+        self._emit = on_event or (lambda event: None)
         self._stopping = threading.Event()
+        self._child: StudyRunChild | None = None  # the latest run's `tuner study run`
         # The Repository's engine: on SQLite it waits for other writers instead of failing.
         self._scheduler = _Scheduler(
             jobstores={"default": SQLAlchemyJobStore(engine=self.repo.engine, tablename=SCHEDULE_JOBS_TABLE)},
@@ -250,6 +253,9 @@ class ScheduleBook:
         before this returns. Also closes a book that was only opened to read or change schedules."""
         global _host
         self._stopping.set()
+        # Read after the flag is set, and set by a run before it reads the flag: one of the two stops a new child.
+        if (child := self._child) is not None:
+            child.stop("the host shut down")
         if self._scheduler.state != STATE_STOPPED:
             self._scheduler.shutdown(wait=True)
         if _host is self:
@@ -336,8 +342,8 @@ class ScheduleBook:
 
     def _mark_interrupted(self) -> None:
         with self.repo.engine.begin() as conn:
-            conn.execute(update(RUNS).where(RUNS.c.state == "running")
-                         .values(state="interrupted", finished_at=self._now().isoformat(timespec="seconds")))
+            conn.execute(update(RUNS).where(RUNS.c.state == RunState.RUNNING)
+                         .values(state=RunState.INTERRUPTED, finished_at=self._now().isoformat(timespec="seconds")))
 
     def _standing(self, study: str) -> tuple[set[int], dict | None]:
         """The study's recorded trial numbers and its recommendation, as they stand."""
@@ -359,11 +365,11 @@ class ScheduleBook:
         summary = {"trials": [], "best": None, "previous_best": previous_best, "stopped_early": None, "error": None}
         with self.repo.engine.begin() as conn:
             run_id = conn.execute(insert(RUNS).values(
-                schedule=name, study=study, state="running", due_at=due.isoformat(timespec="seconds"),
+                schedule=name, study=study, state=RunState.RUNNING, due_at=due.isoformat(timespec="seconds"),
                 started_at=started.isoformat(timespec="seconds"),
                 window_end=window_end.isoformat(timespec="seconds"), summary=summary)).inserted_primary_key[0]
-        self._emit("run_started", {"schedule": name, "study": study, "window_end": window_end})
-        state = "failed"
+        self._emit(RunStarted(name, study, window_end))
+        state = RunState.FAILED
         try:
             state, summary["stopped_early"], summary["error"] = self._study_run(study, trials, window_end)
         except Exception as exc:
@@ -376,45 +382,29 @@ class ScheduleBook:
                 conn.execute(update(RUNS).where(RUNS.c.id == run_id).values(
                     state=state, finished_at=self._now().isoformat(timespec="seconds"), summary=summary))
                 run = _run_from_row(conn.execute(select(RUNS).where(RUNS.c.id == run_id)).one())
-            self._emit("run_finished", {"run": run})
+            self._emit(RunFinished(run))
 
-    def _study_run(self, study: str, trials: int | None, window_end: datetime) -> tuple[str, str | None, str | None]:
+    def _study_run(self, study: str, trials: int | None,
+                   window_end: datetime) -> tuple[RunState, str | None, str | None]:
         """`tuner study run` for what is left of the window; (run state, why it stopped early, error)."""
         left_s = (window_end - self._now()).total_seconds()
         if left_s <= 0:
-            return "finished", "the window had ended before the run could start", None
+            return RunState.FINISHED, "the window had ended before the run could start", None
         argv = study_run_argv(study, trials=trials, window_s=round(left_s, 3))
-        env = run_env(self.plan)
-        # The run dies with this thread (SIGTERM: it stops its trials and records them), even if the host is killed.
-        # A group of its own: a Serve replica that dies takes its process group down within a fraction of a
-        # second, too soon for the run to record its trials; die_with_parent stops it properly instead.
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                                stdin=subprocess.DEVNULL, preexec_fn=die_with_parent, process_group=0)
-        stopped_why = None
-        signalled_at = 0.0
-        while True:
-            try:
-                stdout, stderr = proc.communicate(timeout=1.0)
-                break
-            except subprocess.TimeoutExpired:
-                now = time.time()
-                if stopped_why is None and (self._stopping.is_set()
-                                            or now > window_end.timestamp() + STOP_GRACE_S):
-                    stopped_why = ("the host shut down" if self._stopping.is_set()
-                                   else "it was still running well past its window's end")
-                    proc.send_signal(signal.SIGTERM)
-                    signalled_at = now
-                elif stopped_why is not None and now > signalled_at + STOP_GRACE_S:
-                    proc.kill()
-        try:
-            stopped_early = json.loads(stdout)["stopped_early"]
-        except (json.JSONDecodeError, KeyError, TypeError):
-            stopped_early = None
-        if stopped_why is not None:
-            return "stopped", stopped_early, f"the run was stopped: {stopped_why}"
-        if proc.returncode != 0:
-            errors = [line for line in stderr.splitlines() if line.startswith("error:")]
-            _logger.warning("tuner study run %s exited %s: %s", study, proc.returncode, stderr[-2000:])
-            return "failed", stopped_early, (errors[-1].removeprefix("error:").strip() if errors
-                                             else f"tuner study run exited with code {proc.returncode}")
-        return "finished", stopped_early, None
+        with tempfile.TemporaryDirectory(prefix="tuner-schedule-run-") as folder:
+            self._child = child = StudyRunChild.start(argv, run_env(self.plan), Path(folder))
+            if self._stopping.is_set():  # shutdown() began before it could see this child
+                child.stop("the host shut down")
+            end = child.wait(max(0.0, window_end.timestamp() + OVERRUN_GRACE_S - time.time()))
+            if end is None:
+                child.stop("it was still running well past its window's end")
+                end = child.wait()
+        stopped_early = end.result.get("stopped_early") if end.result else None
+        if end.state is RunState.STOPPED:
+            return end.state, stopped_early, f"the run was stopped: {end.stopped_why}"
+        if end.state is RunState.FAILED:
+            errors = [line for line in end.stderr.splitlines() if line.startswith("error:")]
+            _logger.warning("tuner study run %s exited %s: %s", study, end.exit_code, end.stderr[-2000:])
+            return end.state, stopped_early, (errors[-1].removeprefix("error:").strip() if errors
+                                              else f"tuner study run exited with code {end.exit_code}")
+        return end.state, stopped_early, None

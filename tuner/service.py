@@ -19,9 +19,10 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, Field
 
 from tuner.errors import NotFound, TunerError
-from tuner.runs import STOP_WAIT_S, RunBook
-from tuner.schedules import STOP_GRACE_S, ScheduleBook
+from tuner.runs import RunBook
+from tuner.schedules import ScheduleBook
 from tuner.studies import LocalStudies, NoRecommendation, StudyRequest
+from tuner.supervisor import STOP_GRACE_S
 
 TOKEN_ENV = "TUNER_API_TOKEN"
 TOKEN_FILE_ENV = "TUNER_API_TOKEN_FILE"
@@ -29,7 +30,7 @@ APP_NAME = "tuner"
 BEARER = HTTPBearer(auto_error=False)
 # How long the replica may take to stop: its runs' stop wait (they stop together), then their kill and the
 # replica's own exit. Serve kills the replica after this (a run still going then gets SIGTERM as it dies).
-SHUTDOWN_TIMEOUT_S = max(STOP_WAIT_S, STOP_GRACE_S) + 30
+SHUTDOWN_TIMEOUT_S = STOP_GRACE_S + 30
 
 
 def read_token(token_file: Path | None) -> str | None:

@@ -1,0 +1,55 @@
+"""tuner.supervisor on stand-ins for `tuner study run` (small Python programs): how a child's end is collected,
+that a stopped child is killed when it outlasts its grace, and that a child dies with the process watching it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+from tuner.supervisor import RunState, StudyRunChild
+
+IGNORES_SIGTERM = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); " \
+                  "time.sleep(60)"
+
+
+def start(code: str, folder: Path) -> StudyRunChild:
+    folder.mkdir()
+    return StudyRunChild.start([sys.executable, "-c", code], dict(os.environ), folder)
+
+
+def test_the_end_says_what_the_child_printed_and_how_it_exited(tmp_path):
+    done = start("import json; print(json.dumps({'stopped_early': None}))", tmp_path / "done").wait(30)
+    assert (done.state, done.exit_code, done.result, done.stopped_why) == (RunState.FINISHED, 0,
+                                                                          {"stopped_early": None}, None)
+    failed = start("import sys; sys.exit('error: no study named s')", tmp_path / "failed").wait(30)
+    assert (failed.state, failed.exit_code, failed.result, failed.stderr) == (RunState.FAILED, 1, None,
+                                                                             "error: no study named s\n")
+
+
+def test_a_stopped_child_that_outlasts_its_grace_is_killed(tmp_path):
+    child = start(IGNORES_SIGTERM, tmp_path / "stubborn")
+    while not (tmp_path / "stubborn" / "stdout.json").read_text():
+        time.sleep(0.05)
+    assert child.wait(0.2) is None and child.end is None
+    child.stop("asked to", grace_s=1)
+    child.stop("asked again")  # only the first call counts
+    end = child.wait(30)
+    assert (end.state, end.exit_code, end.stopped_why) == (RunState.STOPPED, -signal.SIGKILL, "asked to")
+
+
+def test_a_child_is_told_to_stop_when_the_process_watching_it_dies(tmp_path):
+    code = ("import os, sys, time; from pathlib import Path; from tuner.supervisor import StudyRunChild; "
+            "child = StudyRunChild.start([sys.executable, '-c', 'import time; time.sleep(60)'], dict(os.environ), "
+            f"Path({str(tmp_path)!r})); print(child.process.pid, flush=True); time.sleep(60)")
+    watcher = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    child = psutil.Process(int(watcher.stdout.readline()))
+    watcher.kill()  # no cleanup runs: only the kernel can tell the child
+    watcher.wait()
+    psutil.wait_procs([child], timeout=10)
+    assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE

@@ -1,0 +1,140 @@
+"""`tuner study run` as a child of the service or of the schedules' host: started in a process group of its own,
+watched, stopped as Ctrl-C would (SIGTERM, then a kill after a grace), and what it printed collected.
+
+Each child is started by a thread of its own that waits for it and so lives exactly as long as it does: the child
+is tied to that thread (die_with_parent), so it is told to stop if this process dies, however it dies, and never
+because the thread that asked for it (a request's worker thread, which a server may retire) went away."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+
+from tuner.workers.process_group import die_with_parent
+
+STOP_GRACE_S = 60.0  # a child told to stop gets this long to stop its engines and record its trials, then is killed
+STDOUT_FILE, STDERR_FILE = "stdout.json", "stderr.log"
+
+
+class RunState(StrEnum):
+    """Where a run of a study stands. A str, so that stored rows and JSON hold the plain values."""
+
+    RUNNING = "running"
+    FINISHED = "finished"  # it exited with code 0
+    FAILED = "failed"  # it exited otherwise, unasked
+    STOPPED = "stopped"  # it was told to stop
+    INTERRUPTED = "interrupted"  # whatever watched it died first (a schedules' host finds these when it restarts)
+
+
+@dataclass(frozen=True)
+class StudyRunEnd:
+    """How a `tuner study run` child ended and what it printed."""
+
+    state: RunState  # stopped if it was told to stop, else finished or failed by its exit code
+    exit_code: int
+    ended_at: float  # time.time() when it exited
+    stopped_why: str | None  # why it was told to stop, if it was
+    result: dict | None  # what `tuner study run --json` printed, if it printed a JSON object
+    stderr: str
+
+
+def run_env(plan) -> dict[str, str]:
+    """The environment of a `tuner study run` started for a study in `plan`: the storage URL goes by
+    environment, not argv, where any user could read its password."""
+    return {**os.environ, "TUNER_STORAGE": plan.url, "TUNER_ARTIFACTS": str(plan.artifact_dir)}
+
+
+def study_run_argv(study: str, *, trials: int | None = None, window_s: float | None = None,
+                   timeout_s: float | None = None, parallel: int | None = None, prune: bool = True,
+                   events: Path | None = None) -> list[str]:
+    """`tuner study run` with --json, as a process of its own."""
+    argv = [sys.executable, "-m", "tuner", "study", "run", study, "--json", "--prune" if prune else "--no-prune"]
+    for option, value in (("--trials", trials), ("--window", window_s), ("--timeout", timeout_s),
+                          ("--parallel", parallel), ("--events", events)):
+        if value is not None:
+            argv += [option, str(value)]
+    return argv
+
+
+class StudyRunChild:
+    """One `tuner study run` child process, from its start to its end."""
+
+    def __init__(self, process: subprocess.Popen, folder: Path):
+        self.process, self.folder = process, folder
+        self._stop_lock = threading.Lock()
+        self._stopped_why: str | None = None
+        self._ended = threading.Event()
+        self._end: StudyRunEnd | None = None
+
+    @classmethod
+    def start(cls, argv: list[str], env: dict[str, str], folder: Path) -> StudyRunChild:
+        """Start the child, its stdout and stderr going to files in `folder`; returns once it has started, or
+        raises why it could not."""
+        launched: Future[StudyRunChild] = Future()
+        threading.Thread(target=cls._start_and_watch, args=(argv, env, folder, launched), daemon=True,
+                         name=f"tuner-study-run-{folder.name}").start()
+        return launched.result()
+
+    @classmethod
+    def _start_and_watch(cls, argv: list[str], env: dict[str, str], folder: Path, launched: Future) -> None:
+        try:
+            with open(folder / STDOUT_FILE, "wb") as stdout, open(folder / STDERR_FILE, "wb") as stderr:
+                # A process group of its own: a Ray Serve replica that dies takes its group down 0.2 s after its
+                # SIGTERM, too soon for the run to record its trials; die_with_parent stops it properly instead.
+                process = subprocess.Popen(argv, stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL, env=env,
+                                           preexec_fn=die_with_parent, process_group=0)
+        except BaseException as exc:
+            launched.set_exception(exc)
+            return
+        child = cls(process, folder)
+        launched.set_result(child)
+        child._collect(process.wait())
+
+    def _collect(self, exit_code: int) -> None:
+        ended_at = time.time()
+        text = (self.folder / STDOUT_FILE).read_text(errors="replace").strip()
+        try:
+            result = json.loads(text) if text else None
+        except json.JSONDecodeError:
+            result = None
+        with self._stop_lock:
+            stopped_why = self._stopped_why
+        state = (RunState.STOPPED if stopped_why is not None
+                 else RunState.FINISHED if exit_code == 0 else RunState.FAILED)
+        self._end = StudyRunEnd(state, exit_code, ended_at, stopped_why, result if isinstance(result, dict) else None,
+                                (self.folder / STDERR_FILE).read_text(errors="replace"))
+        self._ended.set()
+
+    @property
+    def end(self) -> StudyRunEnd | None:
+        """How the child ended; None while it runs."""
+        return self._end
+
+    def wait(self, timeout_s: float | None = None) -> StudyRunEnd | None:
+        """How the child ended, once it has; None if it still runs after timeout_s."""
+        self._ended.wait(timeout_s)
+        return self._end
+
+    def stop(self, why: str, grace_s: float = STOP_GRACE_S) -> None:
+        """Tell the child to stop as Ctrl-C would (SIGTERM: it stops its trials and records them as stopped), and
+        kill it if it has not ended within grace_s. Only the first call counts; a child that ended is left alone."""
+        with self._stop_lock:
+            if self._stopped_why is not None or self.process.poll() is not None:
+                return
+            self._stopped_why = why
+        self.process.send_signal(signal.SIGTERM)
+        threading.Thread(target=self._kill_unless_ended, args=(grace_s,), daemon=True,
+                         name=f"tuner-study-run-stop-{self.folder.name}").start()
+
+    def _kill_unless_ended(self, grace_s: float) -> None:
+        if not self._ended.wait(grace_s):
+            self.process.kill()
