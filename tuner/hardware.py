@@ -27,6 +27,10 @@ class HardwareInfo:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    @classmethod
+    def from_dict(cls, data: dict) -> HardwareInfo:
+        return cls(**data)
+
 
 def _cpu_model() -> str:
     try:

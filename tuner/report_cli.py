@@ -12,7 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from tuner.console import err, fmt, out, print_json, progress_bar
-from tuner.describe import boundary_line, hardware_line
+from tuner.describe import boundary_line
 from tuner.errors import TunerError
 from tuner.study_cli import ArtifactsOption, JsonOption, ServerOption, StorageOption, TokenFileOption
 
@@ -126,7 +126,7 @@ def _run_dict(run) -> dict:
     record = run.record
     return {"label": run.label, "value": run.value, "served": run.served, "failure_class": run.failure_class,
             "failure": run.failure, "out_dir": str(run.out_dir) if run.out_dir else None,
-            "engine_config": record.engine_config if record else None,
+            "engine_config": record.engine_config.to_dict() if record else None,
             "serve_command": record.serve_command if record else None,
             "trace": record.trace if record else None,
             "measurement": run.measurement.to_dict() if run.measurement else None,
@@ -203,7 +203,7 @@ def compare(
                              on_request_done=lambda _: progress.advance(task), on_run=on_run)
     records = [r.record for r in result.runs if r.record is not None]
     first = records[0]
-    machine = {"hardware": first.hardware, "description": hardware_line(first.hardware),
+    machine = {"hardware": first.hardware.to_dict(), "description": first.hardware.describe(),
                "vllm_version": first.vllm_version}
     summary = {"dimension": variation.name, "kind": variation.kind, "values": list(variation.values),
                "fixed": base.to_dict(), "model": str(model), "boundary": bound.to_dict(),

@@ -90,7 +90,7 @@ class LocalStudies:
             space=request.space, boundary_name=request.boundary, limits=parse_limits(request.limits),
             plan=self.plan, sampler=request.sampler, seed=request.seed,
             request_timeout_s=request.request_timeout_s, startup_timeout_s=request.startup_timeout_s)
-        created = {**settings.__dict__, "storage": redact_url(self.plan.url)}
+        created = {**settings.to_dict(), "storage": redact_url(self.plan.url)}
         if request.warm_from is not None or request.trace_latest is not None:
             carried = warm_start(request.name, self.plan, request.warm_from)
             created["warm_start"] = carried.to_dict() if carried else None
@@ -103,7 +103,7 @@ class LocalStudies:
             trials = repo.trials(s.name)
             rows.append({"name": s.name, "created_at": s.created_at, "boundary": s.boundary, "space": s.space_name,
                          "trace": Path(s.trace_path).name, "trials": len(trials),
-                         "feasible": sum(t.state == "complete" and bool(t.score.get("feasible")) for t in trials)})
+                         "feasible": sum(t.feasible for t in trials)})
         return rows
 
     def status(self, name: str) -> dict:
@@ -121,7 +121,7 @@ class LocalStudies:
         rec = recommend(repo, settings, study)
         return {"name": name, "boundary": settings.boundary, "trials": len(stored), "by_state": states,
                 "running": running, "waiting": waiting,
-                "best": {"trial": rec.trial.trial_number, **rec.trial.score,
+                "best": {"trial": rec.trial.trial_number, **rec.trial.scored.to_dict(),
                          "serve_command": rec.trial.serve_command,
                          **recommendation_context(rec, settings)} if rec else None}
 
@@ -153,26 +153,25 @@ class LocalStudies:
         if format == "json":
             rows = []
             for t in trials:
-                row = {**{k: v for k, v in t.__dict__.items() if k != "id"}, "pareto": t.trial_number in pareto}
+                row = {**t.to_dict(), "pareto": t.trial_number in pareto}
                 if requests:
-                    row["requests"] = [r.__dict__ for r in repo.requests(name, t.trial_number)]
+                    row["requests"] = [r.to_dict() for r in repo.requests(name, t.trial_number)]
                 rows.append(row)
             rec = recommend(repo, settings, study)
-            return json.dumps({"study": settings.__dict__,
+            return json.dumps({"study": settings.to_dict(),
                                "recommendation": recommendation_dict(rec, settings) if rec else None,
                                "trials": rows}, indent=2, default=str) + "\n"
         buffer = io.StringIO()
         writer = csv.DictWriter(buffer, fieldnames=CSV_FIELDS)
         writer.writeheader()
         for t in trials:
-            m = t.measurement or {}
-            writer.writerow({"trial_number": t.trial_number, "attempt": t.attempt, "state": t.state,
-                             "pareto": t.trial_number in pareto, "failure_class": t.failure_class,
-                             "completed": m.get("completed"), "requests": m.get("requests"),
-                             "completed_rps": m.get("completed_rps"), "output_tps": m.get("output_tps"),
-                             "ttft_p95_s": (m.get("ttft_s") or {}).get("p95"),
-                             "e2e_p95_s": (m.get("e2e_s") or {}).get("p95"), "preemptions": m.get("preemptions"),
-                             "feasible": t.score.get("feasible"), "serve_command": t.serve_command})
+            m = t.measurement
+            measured = {"completed": m.completed, "requests": m.requests, "completed_rps": m.completed_rps,
+                        "output_tps": m.output_tps, "ttft_p95_s": m.ttft_s.p95, "e2e_p95_s": m.e2e_s.p95,
+                        "preemptions": m.preemptions} if m else {}
+            writer.writerow({"trial_number": t.trial_number, "attempt": t.attempt, "state": t.state.value,
+                             "pareto": t.trial_number in pareto, "failure_class": t.failure_class, **measured,
+                             "feasible": t.score.feasible if t.score else None, "serve_command": t.serve_command})
         return buffer.getvalue()
 
     def report(self, name: str) -> dict:
