@@ -8,9 +8,9 @@ import csv
 import io
 import json
 from pathlib import Path
-from typing import Optional, Protocol
+from typing import Any, Optional, Protocol
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from tuner.describe import recommendation_context, recommendation_dict
 from tuner.errors import TunerError
@@ -40,6 +40,128 @@ class StudyRequest(BaseModel):
     seed: Optional[int] = None
     request_timeout_s: float = 600.0
     startup_timeout_s: float = 600.0
+
+
+# The answers' shapes, declared for the service's OpenAPI document. An answer may carry more than is declared
+# (extra="allow"); numbers are kept as given (an int stays an int in the JSON).
+Number = float | int
+JsonObject = dict[str, Any]
+
+
+class Answer(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class StudyListing(Answer):
+    """One study in the list."""
+
+    name: str
+    created_at: str
+    boundary: str
+    space: str
+    trace: str = Field(description="The trace file's name.")
+    trials: int
+    feasible: int = Field(description="Trials that met the boundary.")
+
+
+class WarmStartAnswer(Answer):
+    """The configurations carried over from an earlier study."""
+
+    from_: str = Field(alias="from")
+    trials: list[int]
+    configs: list[JsonObject]
+    skipped: list[str]
+
+
+class StudyCreated(Answer):
+    """The study's settings as stored, where it is stored, and its warm start when one was asked for."""
+
+    name: str
+    created_at: str
+    model: str
+    model_info: JsonObject
+    trace_path: str
+    trace_sha256: str
+    trace_selection: JsonObject
+    boundary: str
+    limits: dict[str, Optional[Number]]
+    space_name: str
+    space_text: str
+    sampler: str
+    seed: Optional[int]
+    request_timeout_s: Number
+    startup_timeout_s: Number
+    extra: JsonObject
+    storage: str
+    warm_start: Optional[WarmStartAnswer] = Field(None, description="Only when a warm start was asked for.")
+
+
+class StatedContext(Answer):
+    """What every stated recommendation carries: its boundary, the machine, vLLM and the trace."""
+
+    boundary: JsonObject
+    boundary_text: str
+    hardware: JsonObject
+    measured_on: str
+    vllm_version: str
+    trace: JsonObject
+
+
+class BestSoFar(StatedContext):
+    """The recommendation so far, with its score."""
+
+    trial: int
+    completed_rps: Number
+    e2e_p95_s: Number
+    output_tps: Number
+    completion_ratio: Number
+    constraints: dict[str, Number]
+    violations: list[str]
+    feasible: bool
+    serve_command: str
+
+
+class StudyStatus(Answer):
+    """Trials by state, the trials in flight and waiting, and the best so far."""
+
+    name: str
+    boundary: str
+    trials: int
+    by_state: dict[str, int]
+    running: list[int]
+    waiting: list[int]
+    best: Optional[BestSoFar]
+
+
+class RecommendationAnswer(StatedContext):
+    """The recommended configuration: its command, boundary, machine, vLLM, trace, and gain over vLLM's default."""
+
+    study: str
+    trial: int
+    serve_command: str
+    engine_config: JsonObject
+    score: JsonObject
+    measurement: JsonObject
+    baseline: Optional[JsonObject]
+    gain: Optional[dict[str, Number]]
+
+
+class Enqueued(Answer):
+    study: str
+    engine_config: JsonObject
+
+
+class ReportAnswer(Answer):
+    """The report's text parts and its summary (what `tuner study report --json` prints)."""
+
+    summary: JsonObject
+    recommended: bool
+    lines: list[str]
+    side_by_side: list[list[str]]
+    baseline_trial: Optional[int]
+    recommended_trial: Optional[int]
+    common_settings: JsonObject
+    trial_rows: list[JsonObject]
 
 
 class Studies(Protocol):
