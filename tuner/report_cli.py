@@ -45,31 +45,31 @@ def study_report(
         html.write_text(studies.report_html(name), encoding="utf-8")
         written = html
     if as_json:
-        return print_json({**view["summary"], "html": str(written) if written else None})
-    lines = view["lines"]
+        return print_json({**view.summary, "html": str(written) if written else None})
+    lines = view.lines
     # soft_wrap: a recommendation is read and copied whole, never broken at the terminal's width.
-    out.print(Text(lines[0], style="bold" if view["recommended"] else "red"), highlight=False,
+    out.print(Text(lines[0], style="bold" if view.recommended else "red"), highlight=False,
               soft_wrap=True)
-    if view["recommended"]:
+    if view.recommended:
         out.print(f"  {lines[1]}", highlight=False, soft_wrap=True)
         rest = lines[2:]
     else:
         rest = lines[1:]
     for line in rest:
         out.print(line, highlight=False, soft_wrap=True)
-    base, rec = view["baseline_trial"], view["recommended_trial"]
+    base, rec = view.baseline_trial, view.recommended_trial
     table = Table("", f"vLLM default (trial {base})" if base is not None else "vLLM default",
                   f"recommended (trial {rec})" if rec is not None else "recommended", "change",
                   title="default and recommendation, side by side")
-    for row in view["side_by_side"]:
+    for row in view.side_by_side:
         table.add_row(*row)
     out.print(table)
     # One line per trial rather than a wide table: it reads the same at any terminal width.
     out.print(Text(f"every trial of study {name}", style="bold"))
-    shared = ", ".join(f"{k}={v}" for k, v in view["common_settings"].items())
+    shared = ", ".join(f"{k}={v}" for k, v in view.common_settings.items())
     if shared:
         out.print(f"  all had: {shared}", highlight=False, soft_wrap=True)
-    for r in view["trial_rows"]:
+    for r in view.trial_rows:
         out.print(_trial_line(r), highlight=False, soft_wrap=True)
     if written is not None:
         out.print(f"report written to {written}")

@@ -189,7 +189,7 @@ def build_api(studies: LocalStudies, runs: RunBook, schedules: ScheduleBook, tok
 
     @api.get("/studies/{name}", tags=["studies"], dependencies=guarded)
     def study_status(name: str) -> StudyWithRuns:
-        return {**studies.status(name), "runs": runs.list(name)}
+        return StudyWithRuns(**studies.status(name).to_dict(), runs=runs.list(name))
 
     @api.get("/studies/{name}/best", tags=["studies"], dependencies=guarded)
     def study_best(name: str) -> RecommendationAnswer:

@@ -51,6 +51,10 @@ JsonObject = dict[str, Any]
 class Answer(BaseModel):
     model_config = ConfigDict(extra="allow")
 
+    def to_dict(self) -> dict:
+        """The answer as JSON-ready data, exactly the keys it was given (what `--json` prints)."""
+        return self.model_dump(by_alias=True, exclude_unset=True)
+
 
 class StudyListing(Answer):
     """One study in the list."""
@@ -165,13 +169,15 @@ class ReportAnswer(Answer):
 
 
 class Studies(Protocol):
-    def create(self, request: StudyRequest) -> dict: ...
-    def list(self) -> list[dict]: ...
-    def status(self, name: str) -> dict: ...
-    def best(self, name: str) -> dict: ...
-    def enqueue(self, name: str, assignments: list[str]) -> dict: ...
+    """The study commands' answers, the same whether read here or asked of a service."""
+
+    def create(self, request: StudyRequest) -> StudyCreated: ...
+    def list(self) -> list[StudyListing]: ...
+    def status(self, name: str) -> StudyStatus: ...
+    def best(self, name: str) -> RecommendationAnswer: ...
+    def enqueue(self, name: str, assignments: list[str]) -> Enqueued: ...
     def export(self, name: str, format: str, requests: bool) -> str: ...
-    def report(self, name: str) -> dict: ...
+    def report(self, name: str) -> ReportAnswer: ...
     def report_html(self, name: str) -> str: ...
 
 
@@ -192,7 +198,7 @@ class LocalStudies:
         repo = self.plan.repository()
         return repo, repo.get_study(name), load_optuna_study(name, self.plan)
 
-    def create(self, request: StudyRequest) -> dict:
+    def create(self, request: StudyRequest) -> StudyCreated:
         from tuner.storage.urls import redact_url
         from tuner.models import default_model
         from tuner.traces.selection import TraceSelection
@@ -216,19 +222,19 @@ class LocalStudies:
         if request.warm_from is not None or request.trace_latest is not None:
             carried = warm_start(request.name, self.plan, request.warm_from)
             created["warm_start"] = carried.to_dict() if carried else None
-        return created
+        return StudyCreated.model_validate(created)
 
-    def list(self) -> list[dict]:
+    def list(self) -> list[StudyListing]:
         repo = self.plan.repository()
         rows = []
         for s in repo.list_studies():
             trials = repo.trials(s.name)
-            rows.append({"name": s.name, "created_at": s.created_at, "boundary": s.boundary, "space": s.space_name,
-                         "trace": Path(s.trace_path).name, "trials": len(trials),
-                         "feasible": sum(t.feasible for t in trials)})
+            rows.append(StudyListing(name=s.name, created_at=s.created_at, boundary=s.boundary, space=s.space_name,
+                                     trace=Path(s.trace_path).name, trials=len(trials),
+                                     feasible=sum(t.feasible for t in trials)))
         return rows
 
-    def status(self, name: str) -> dict:
+    def status(self, name: str) -> StudyStatus:
         from optuna.trial import TrialState
 
         from tuner.study import recommend
@@ -241,28 +247,28 @@ class LocalStudies:
         running = [t.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))]
         waiting = [t.number for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,))]
         rec = recommend(repo, settings, study)
-        return {"name": name, "boundary": settings.boundary, "trials": len(stored), "by_state": states,
-                "running": running, "waiting": waiting,
-                "best": {"trial": rec.trial.trial_number, **rec.trial.scored.to_dict(),
-                         "serve_command": rec.trial.serve_command,
-                         **recommendation_context(rec, settings)} if rec else None}
+        return StudyStatus.model_validate({
+            "name": name, "boundary": settings.boundary, "trials": len(stored), "by_state": states,
+            "running": running, "waiting": waiting,
+            "best": {"trial": rec.trial.trial_number, **rec.trial.scored.to_dict(), "serve_command": rec.trial.serve_command,
+                     **recommendation_context(rec, settings)} if rec else None})
 
-    def best(self, name: str) -> dict:
+    def best(self, name: str) -> RecommendationAnswer:
         from tuner.study import recommend
 
         repo, settings, study = self._open(name)
         rec = recommend(repo, settings, study)
         if rec is None:
             raise NoRecommendation(f"study {name}: no trial met the {settings.boundary} boundary yet")
-        return recommendation_dict(rec, settings)
+        return RecommendationAnswer.model_validate(recommendation_dict(rec, settings))
 
-    def enqueue(self, name: str, assignments: list[str]) -> dict:
+    def enqueue(self, name: str, assignments: list[str]) -> Enqueued:
         from tuner.study import enqueue_config
         from tuner.workers.engine_config import EngineConfig
 
         config = EngineConfig.from_assignments(assignments)
         enqueue_config(name, self.plan, config)
-        return {"study": name, "engine_config": config.to_dict()}
+        return Enqueued(study=name, engine_config=config.to_dict())
 
     def export(self, name: str, format: str, requests: bool) -> str:
         from tuner.study import recommend
@@ -296,18 +302,18 @@ class LocalStudies:
                              "feasible": t.score.feasible if t.score else None, "serve_command": t.serve_command})
         return buffer.getvalue()
 
-    def report(self, name: str) -> dict:
+    def report(self, name: str) -> ReportAnswer:
         """The report's text parts and its summary; `report_html` is the page with the plots."""
         from tuner.report import collect_report, common_settings, recommendation_lines, side_by_side, summary, \
             trial_rows
 
         data = collect_report(name, self.plan)
         base, rec = data.baseline, data.recommended
-        return {"summary": summary(data), "recommended": data.recommendation is not None,
-                "lines": recommendation_lines(data), "side_by_side": [list(row) for row in side_by_side(data)],
-                "baseline_trial": base.trial_number if base else None,
-                "recommended_trial": rec.trial_number if rec else None,
-                "common_settings": common_settings(data), "trial_rows": trial_rows(data)}
+        return ReportAnswer(summary=summary(data), recommended=data.recommendation is not None,
+                            lines=recommendation_lines(data), side_by_side=[list(row) for row in side_by_side(data)],
+                            baseline_trial=base.trial_number if base else None,
+                            recommended_trial=rec.trial_number if rec else None,
+                            common_settings=common_settings(data), trial_rows=trial_rows(data))
 
     def report_html(self, name: str) -> str:
         from tuner.report import collect_report, render_html

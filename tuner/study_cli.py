@@ -90,21 +90,20 @@ def study_create(
         first = exc.errors()[0]
         raise TunerError(f"{'.'.join(map(str, first['loc']))}: {first['msg']}") from None
     created = _studies(server, token_file, storage, artifacts).create(request)
-    warm = "warm_start" in created
     if as_json:
-        return print_json(created)
-    out.print(f"study {name} created in {created['storage']}: space {created['space_name']}, "
-              f"boundary {created['boundary']}, trace {Path(created['trace_path']).name}; "
+        return print_json(created.to_dict())
+    out.print(f"study {name} created in {created.storage}: space {created.space_name}, "
+              f"boundary {created.boundary}, trace {Path(created.trace_path).name}; "
               f"run it with `tuner study run {name} --trials N`")
-    if warm:
-        if created["warm_start"] is None:
+    if "warm_start" in created.model_fields_set:
+        warm = created.warm_start
+        if warm is None:
             out.print("no earlier study on the same model and space to warm-start from")
         else:
-            source, numbers = created["warm_start"]["from"], created["warm_start"]["trials"]
-            out.print(f"warm start from study {source}: "
-                      + (f"its trials {', '.join(map(str, numbers))} queued after the baseline" if numbers
+            out.print(f"warm start from study {warm.from_}: "
+                      + (f"its trials {', '.join(map(str, warm.trials))} queued after the baseline" if warm.trials
                          else "it has no feasible configuration besides vLLM's defaults to carry over"))
-            for why in created["warm_start"]["skipped"]:
+            for why in warm.skipped:
                 out.print(f"  not carried over: {why}", highlight=False)
 
 
@@ -339,7 +338,7 @@ def study_enqueue(name: Annotated[str, typer.Argument(help="The study.")],
                   token_file: TokenFileOption = None) -> None:
     """Queue a configuration to run next, ahead of the sampler."""
     done = _studies(server, token_file, storage, artifacts).enqueue(name, set_)
-    out.print(f"enqueued in study {name}: {done['engine_config']}")
+    out.print(f"enqueued in study {name}: {done.engine_config}")
 
 
 @study_app.command("list")
@@ -348,11 +347,10 @@ def study_list(storage: StorageOption = None, artifacts: ArtifactsOption = None,
     """Every study in the storage."""
     rows = _studies(server, token_file, storage, artifacts).list()
     if as_json:
-        return print_json(rows)
+        return print_json([r.to_dict() for r in rows])
     table = Table("name", "created", "boundary", "space", "trace", "trials", "feasible")
     for r in rows:
-        table.add_row(r["name"], r["created_at"], r["boundary"], r["space"], r["trace"], str(r["trials"]),
-                      str(r["feasible"]))
+        table.add_row(r.name, r.created_at, r.boundary, r.space, r.trace, str(r.trials), str(r.feasible))
     out.print(table)
 
 
@@ -367,16 +365,16 @@ def study_status(name: Annotated[str, typer.Argument(help="The study.")], storag
 
     data = _studies(server, token_file, storage, artifacts).status(name)
     if as_json:
-        return print_json(data)
-    best = data["best"]
-    table = Table(title=f"study {name} ({data['boundary']})", show_header=False)
-    table.add_row("trials", str(data["trials"]))
-    for state, count in sorted(data["by_state"].items()):
+        return print_json(data.to_dict())
+    best = data.best
+    table = Table(title=f"study {name} ({data.boundary})", show_header=False)
+    table.add_row("trials", str(data.trials))
+    for state, count in sorted(data.by_state.items()):
         table.add_row(f"  {state}", str(count))
-    table.add_row("in flight", ", ".join(map(str, data["running"])) or "-")
-    table.add_row("waiting (enqueued)", ", ".join(map(str, data["waiting"])) or "-")
-    table.add_row("best so far", Text(f"trial {best['trial']}: {best['completed_rps']:.3f} req/s, p95 e2e "
-                                      f"{best['e2e_p95_s']:.2f} s; {context_line(best)}") if best
+    table.add_row("in flight", ", ".join(map(str, data.running)) or "-")
+    table.add_row("waiting (enqueued)", ", ".join(map(str, data.waiting)) or "-")
+    table.add_row("best so far", Text(f"trial {best.trial}: {best.completed_rps:.3f} req/s, p95 e2e "
+                                      f"{best.e2e_p95_s:.2f} s; {context_line(best.to_dict())}") if best
                   else "none feasible yet")
     out.print(table)
 
@@ -387,6 +385,7 @@ def study_best(name: Annotated[str, typer.Argument(help="The study.")], storage:
                token_file: TokenFileOption = None) -> None:
     """The recommended `vllm serve` command, its boundary, the hardware it was measured on, and the gain over
     vLLM's default configuration."""
+    from tuner.scoring import Score
     from tuner.studies import NoRecommendation
 
     try:
@@ -398,16 +397,17 @@ def study_best(name: Annotated[str, typer.Argument(help="The study.")], storage:
             err.print(str(exc), highlight=False)
         raise typer.Exit(1) from None
     if as_json:
-        return print_json(rec)
-    m, score, trace = rec["measurement"], rec["score"], rec["trace"]
-    out.print(f"Recommended for the {rec['boundary_text']} boundary (trial {rec['trial']}):")
-    out.print(f"  {rec['serve_command']}", highlight=False, soft_wrap=True)
-    out.print(f"measured on {rec['measured_on']}, vLLM {rec['vllm_version']}, trace {Path(trace['path']).name} "
-              f"(sha256 {trace['sha256'][:12]}, {m.get('requests')} requests)")
-    out.print(f"completed {m.get('completed')}/{m.get('requests')} at {score['completed_rps']:.3f} req/s, "
-              f"{score['output_tps']:.1f} output tok/s, p95 TTFT {(m.get('ttft_s') or {}).get('p95') or 0:.3f} s, "
-              f"p95 e2e {score['e2e_p95_s']:.3f} s, {m.get('preemptions')} preemptions")
-    base, gain = rec["baseline"], rec["gain"]
+        return print_json(rec.to_dict())
+    # The recommendation's records, as stored: the answer carries them in their stored shapes.
+    m, score = rec.measurement, Score.from_dict(rec.score)
+    out.print(f"Recommended for the {rec.boundary_text} boundary (trial {rec.trial}):")
+    out.print(f"  {rec.serve_command}", highlight=False, soft_wrap=True)
+    out.print(f"measured on {rec.measured_on}, vLLM {rec.vllm_version}, trace {Path(rec.trace['path']).name} "
+              f"(sha256 {rec.trace['sha256'][:12]}, {m['requests']} requests)")
+    out.print(f"completed {m['completed']}/{m['requests']} at {score.completed_rps:.3f} req/s, "
+              f"{score.output_tps:.1f} output tok/s, p95 TTFT {m['ttft_s']['p95'] or 0:.3f} s, "
+              f"p95 e2e {score.e2e_p95_s:.3f} s, {m['preemptions']} preemptions")
+    base, gain = rec.baseline, rec.gain
     if base is None:
         out.print("vLLM's default configuration was not run in this study")
     elif gain is None:
