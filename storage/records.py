@@ -46,9 +46,11 @@ class StudyModel:
 
     @classmethod
     def of(cls, info: ModelInfo, memory: ModelMemory) -> StudyModel:
+        """What is kept of a model folder read at the study's creation."""
         return cls(info.architecture, info.vocab_size, info.max_position_embeddings, info.kv_bytes_per_token, memory)
 
     def to_dict(self) -> dict[str, Any]:
+        """As stored: `memory` only when known."""
         data = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "memory"}
         if self.memory is not None:
             data["memory"] = asdict(self.memory)
@@ -56,6 +58,7 @@ class StudyModel:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> StudyModel:
+        """The record `to_dict` gave."""
         memory = data.get("memory")
         return cls(**{**data, "memory": ModelMemory(**memory) if memory else None})
 
@@ -95,6 +98,7 @@ class StudySettings:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> StudySettings:
+        """The settings `to_dict` gave (other keys, such as the row's id and `extra`, are left out)."""
         values = {f.name: data[f.name] for f in fields(cls)}
         values.update(model_info=StudyModel.from_dict(data["model_info"]),
                       trace_selection=TraceSelection.from_dict(data["trace_selection"]))
@@ -163,6 +167,7 @@ class StoredTrial:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> StoredTrial:
+        """The trial `to_dict` gave, with its row's id when `data` has one (other keys are left out)."""
         values = {f.name: data[f.name] for f in fields(cls) if f.name in data}
         values.update(engine_config=EngineConfig.from_dict(data["engine_config"]),
                       measurement=Measurement.from_dict(data["measurement"]) if data["measurement"] else None,

@@ -29,6 +29,7 @@ class HardwareInfo:
 
     @classmethod
     def from_dict(cls, data: dict) -> HardwareInfo:
+        """The machine `to_dict` gave."""
         return cls(**data)
 
 

@@ -132,6 +132,7 @@ class Rejection:
 
     @classmethod
     def from_dict(cls, data: dict) -> Rejection:
+        """The rejection `to_dict` gave."""
         return cls(data["violations"])
 
 
