@@ -111,9 +111,7 @@ class StatedContext(Answer):
     trace: JsonObject
 
 
-class BestSoFar(StatedContext):
-    """The recommendation so far, with its score."""
-
+class TrialScore(Answer):
     trial: int
     completed_rps: Number
     e2e_p95_s: Number
@@ -123,6 +121,12 @@ class BestSoFar(StatedContext):
     violations: list[str]
     feasible: bool
     serve_command: str
+
+
+# Pydantic orders fields from the last base to the first, then the class's own: the keys come out in the order
+# the answers have always had.
+class BestSoFar(StatedContext, TrialScore):
+    """The recommendation so far, with its score."""
 
 
 class StudyStatus(Answer):
@@ -137,13 +141,16 @@ class StudyStatus(Answer):
     best: Optional[BestSoFar]
 
 
-class RecommendationAnswer(StatedContext):
-    """The recommended configuration: its command, boundary, machine, vLLM, trace, and gain over vLLM's default."""
-
+class RecommendedConfig(Answer):
     study: str
     trial: int
     serve_command: str
     engine_config: JsonObject
+
+
+class RecommendationAnswer(StatedContext, RecommendedConfig):
+    """The recommended configuration: its command, boundary, machine, vLLM, trace, and gain over vLLM's default."""
+
     score: JsonObject
     measurement: JsonObject
     baseline: Optional[JsonObject]
