@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tuner.study import StoragePlan, StudyRunner, create_study, enqueue_config  # noqa: E402
+from tuner.study import StoragePlan, StudyRunner, WorkerDone, create_study, enqueue_config  # noqa: E402
 from tuner.traces.selection import TraceSelection  # noqa: E402
 from tuner.workers.engine_config import EngineConfig  # noqa: E402
 
@@ -35,12 +35,12 @@ def run(model: Path, slots: int, trials: int) -> dict:
         for _ in range(trials - 1):  # trial 0 is the baseline
             enqueue_config("bench", plan, CONFIG)
         events: list[tuple[str, dict]] = []
-        runner = StudyRunner("bench", plan, parallel=slots, on_event=lambda k, d: events.append((k, dict(d))))
+        runner = StudyRunner("bench", plan, parallel=slots, on_event=events.append)
         started = time.monotonic()
         report = runner.run(trials)
         wall = time.monotonic() - started
-        overheads = [d["scheduling_s"] for k, d in events if k == "worker_done" and d["scheduling_s"] is not None]
-        totals = [t.timings["total_s"] for t in runner.repo.trials("bench")]
+        overheads = [e.scheduling_s for e in events if isinstance(e, WorkerDone) and e.scheduling_s is not None]
+        totals = [t.timings.total_s for t in runner.repo.trials("bench")]
     return {"slots": slots, "trials": len(report.trials), "states": [t.state for t in report.trials],
             "wall_s": wall, "trials_per_hour": 3600 * len(report.trials) / wall,
             "trial_s_median": statistics.median(totals),

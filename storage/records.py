@@ -1,14 +1,66 @@
-"""What the storage layer takes and gives back: plain frozen values, never ORM rows."""
+"""What the storage layer takes and gives back: plain frozen records, never ORM rows.
+
+Each record has one serializer: `to_dict` gives the values as stored (the JSON columns' shapes), `from_dict` reads
+them back into the same record.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
+from enum import StrEnum
+from typing import Any
 
-from tuner.workers.measure import TrialRecord
-from tuner.workers.replay import RequestRecord
+from tuner.hardware import HardwareInfo
+from tuner.kv_budget import ModelMemory
+from tuner.models import ModelInfo
+from tuner.scoring import Rejection, Score
+from tuner.traces.selection import TraceSelection
+from tuner.workers.engine_config import EngineConfig
+from tuner.workers.measure import Measurement, TrialRecord, TrialTimings
 
 BOUNDARIES = ("interactive", "batch")
-TRIAL_STATES = ("complete", "failed", "pruned", "infeasible", "worker_lost", "stopped", "interrupted")
+
+
+class TrialState(StrEnum):
+    """How a stored trial ended. A str: stored, printed and exported as its value."""
+
+    COMPLETE = "complete"  # served and scored
+    FAILED = "failed"  # the engine failed, or no request finished
+    PRUNED = "pruned"  # stopped early: its boundary could no longer be met
+    INFEASIBLE = "infeasible"  # rejected by the search space's rules before launch
+    WORKER_LOST = "worker_lost"  # its Ray worker died: run again
+    STOPPED = "stopped"  # in flight when the run was stopped: run again
+    INTERRUPTED = "interrupted"  # its driver died (no heartbeat): run again
+
+
+@dataclass(frozen=True)
+class StudyModel:
+    """What a study stored about its model when it was created, so that runs and reports need not read the
+    folder again. `memory` is None for a study created before the model's sizes were stored."""
+
+    architecture: str
+    vocab_size: int
+    max_position_embeddings: int
+    kv_bytes_per_token: int
+    memory: ModelMemory | None = None
+
+    @classmethod
+    def of(cls, info: ModelInfo, memory: ModelMemory) -> StudyModel:
+        """What is kept of a model folder read at the study's creation."""
+        return cls(info.architecture, info.vocab_size, info.max_position_embeddings, info.kv_bytes_per_token, memory)
+
+    def to_dict(self) -> dict[str, Any]:
+        """As stored: `memory` only when known."""
+        data = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "memory"}
+        if self.memory is not None:
+            data["memory"] = asdict(self.memory)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> StudyModel:
+        """The record `to_dict` gave."""
+        memory = data.get("memory")
+        return cls(**{**data, "memory": ModelMemory(**memory) if memory else None})
 
 
 @dataclass(frozen=True)
@@ -18,23 +70,47 @@ class StudySettings:
     name: str
     created_at: str  # ISO 8601, UTC
     model: str  # path as given
-    model_info: dict
+    model_info: StudyModel
     trace_path: str
     trace_sha256: str
-    trace_selection: dict  # window, rate scale, request cap... as chosen by the user
+    trace_selection: TraceSelection  # window, rate scale, request cap... as chosen by the user
     boundary: str  # "interactive" or "batch"
-    limits: dict  # the user's overrides of the boundary's limits
+    limits: dict[str, float | None]  # the user's overrides of the boundary's limits, by limit name (None lifts one)
     space_name: str
     space_text: str  # the search space's YAML, verbatim
     sampler: str
     seed: int | None
     request_timeout_s: float
     startup_timeout_s: float
-    extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.boundary not in BOUNDARIES:
             raise ValueError(f"boundary must be one of {', '.join(BOUNDARIES)}, not {self.boundary!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The settings as stored (and exported): JSON-ready values."""
+        data = {f.name: getattr(self, f.name) for f in fields(self)}
+        data.update(model_info=self.model_info.to_dict(), trace_selection=self.trace_selection.to_dict(),
+                    # The studies table keeps a column of this name, always empty: dropping it would take a
+                    # migration, and exports and answers have always carried it.
+                    extra={})
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> StudySettings:
+        """The settings `to_dict` gave (other keys, such as the row's id and `extra`, are left out)."""
+        values = {f.name: data[f.name] for f in fields(cls)}
+        values.update(model_info=StudyModel.from_dict(data["model_info"]),
+                      trace_selection=TraceSelection.from_dict(data["trace_selection"]))
+        return cls(**values)
+
+
+def _score_from_dict(data: dict[str, Any]) -> Score | Rejection | None:
+    """The score column: a Score when the trial was scored, a Rejection when its proposal was refused before
+    launch, empty otherwise."""
+    if not data:
+        return None
+    return Score.from_dict(data) if "completed_rps" in data else Rejection.from_dict(data)
 
 
 @dataclass(frozen=True)
@@ -44,64 +120,76 @@ class StoredTrial:
     study_name: str
     trial_number: int  # Optuna's
     attempt: int  # 1 for the first run of this trial number
-    state: str  # one of TRIAL_STATES
-    engine_config: dict
+    state: TrialState
+    engine_config: EngineConfig
     serve_command: str
-    measurement: dict | None  # Measurement.to_dict(); None when the engine never served
+    measurement: Measurement | None  # None when the engine never served
     failure_class: str | None
     failure_message: str | None
     log_excerpt: str | None
     estimated_max_model_len: int | None
     exit_code: int | None
-    timings: dict
-    hardware: dict
+    timings: TrialTimings | None  # None when nothing was launched, or nothing came back from the launch
+    hardware: HardwareInfo | None
     vllm_version: str
     started_at: str
     finished_at: str | None
-    score: dict  # objectives, constraints, feasible: as the caller computed them
+    score: Score | Rejection | None  # a Score once served and scored; a Rejection if refused before launch
     prune_reason: str | None = None
     id: int | None = field(default=None, compare=False)  # the row's, once stored
 
     def __post_init__(self) -> None:
-        if self.state not in TRIAL_STATES:
-            raise ValueError(f"trial state must be one of {', '.join(TRIAL_STATES)}, not {self.state!r}")
+        # A plain string (as a test or an older caller gives it) becomes the state it names, or is refused.
+        try:
+            object.__setattr__(self, "state", TrialState(self.state))
+        except ValueError:
+            raise ValueError(f"trial state must be one of {', '.join(TrialState)}, not {self.state!r}") from None
+
+    @property
+    def feasible(self) -> bool:
+        """Complete, scored, and within its boundary: a candidate for the recommendation."""
+        return self.state is TrialState.COMPLETE and isinstance(self.score, Score) and self.score.feasible
+
+    @property
+    def scored(self) -> Score | None:
+        """The score of a trial that served and was scored (feasible or not); None for any other."""
+        return self.score if isinstance(self.score, Score) else None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The trial as stored (and exported), without the row's id: JSON-ready values."""
+        data = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "id"}
+        data.update(state=self.state.value, engine_config=self.engine_config.to_dict(),
+                    measurement=self.measurement.to_dict() if self.measurement else None,
+                    timings=self.timings.to_dict() if self.timings else {},
+                    hardware=self.hardware.to_dict() if self.hardware else {},
+                    score=self.score.to_dict() if self.score else {})
+        return data
 
     @classmethod
-    def from_record(cls, study_name: str, trial_number: int, record: TrialRecord, *, state: str, score: dict,
-                    attempt: int = 1, prune_reason: str | None = None,
+    def from_dict(cls, data: dict[str, Any]) -> StoredTrial:
+        """The trial `to_dict` gave, with its row's id when `data` has one (other keys are left out)."""
+        values = {f.name: data[f.name] for f in fields(cls) if f.name in data}
+        values.update(engine_config=EngineConfig.from_dict(data["engine_config"]),
+                      measurement=Measurement.from_dict(data["measurement"]) if data["measurement"] else None,
+                      timings=TrialTimings.from_dict(data["timings"]) if data["timings"] else None,
+                      hardware=HardwareInfo.from_dict(data["hardware"]) if data["hardware"] else None,
+                      score=_score_from_dict(data["score"]))
+        return cls(**values)
+
+    @classmethod
+    def from_record(cls, study_name: str, trial_number: int, record: TrialRecord, *, state: TrialState,
+                    score: Score | None, attempt: int = 1, prune_reason: str | None = None,
                     finished_at: str | None = None) -> StoredTrial:
-        data = record.to_dict()
-        failure = data["failure"] or {}
+        """A trial that was launched, from its worker's record and the study's verdict on it."""
+        failure = record.failure
         return cls(
             study_name=study_name, trial_number=trial_number, attempt=attempt, state=state,
-            engine_config=data["engine_config"], serve_command=record.serve_command,
-            measurement=data["measurement"], failure_class=failure.get("kind"),
-            failure_message=failure.get("message"), log_excerpt=failure.get("log_excerpt"),
-            estimated_max_model_len=failure.get("estimated_max_model_len"), exit_code=failure.get("exit_code"),
-            timings=data["timings"], hardware=data["hardware"], vllm_version=record.vllm_version,
-            started_at=record.started_at, finished_at=finished_at, score=score, prune_reason=prune_reason,
+            engine_config=record.engine_config, serve_command=record.serve_command,
+            measurement=record.measurement, failure_class=failure.kind.value if failure else None,
+            failure_message=failure.message if failure else None,
+            log_excerpt=failure.log_excerpt if failure else None,
+            estimated_max_model_len=failure.estimated_max_model_len if failure else None,
+            exit_code=failure.exit_code if failure else None, timings=record.timings, hardware=record.hardware,
+            vllm_version=record.vllm_version, started_at=record.started_at, finished_at=finished_at, score=score,
+            prune_reason=prune_reason,
         )
-
-
-@dataclass(frozen=True)
-class StoredRequest:
-    """One replayed request of a trial, as stored."""
-
-    index: int
-    scheduled_s: float
-    sent_s: float | None
-    requested_tokens: int
-    input_tokens: int
-    output_tokens: int
-    outcome: str  # an Outcome's value
-    ttft_s: float | None = None
-    e2e_s: float | None = None
-    itl_mean_s: float | None = None
-    itl_p95_s: float | None = None
-    itl_max_s: float | None = None
-    status_code: int | None = None
-    error: str | None = None
-
-    @classmethod
-    def from_record(cls, record: RequestRecord) -> StoredRequest:
-        return cls(**record.to_dict())

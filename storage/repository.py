@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, fields
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from alembic import command
 from alembic.config import Config
@@ -15,17 +15,16 @@ from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.exc import ArgumentError, IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from tuner.storage.records import StoredRequest, StoredTrial, StudySettings
-from tuner.storage.schema import LaunchFailureRow, RequestRow, StudyRow, TraceRow, TrialRow
+from tuner.storage.records import StoredTrial, StudySettings, TrialState
+from tuner.storage.schema import Base, LaunchFailureRow, RequestRow, StudyRow, TraceRow, TrialRow
 from tuner.storage.urls import redact_url
 from tuner.errors import NotFound, TunerError
 from tuner.traces.records import Trace
 from tuner.traces.stats import TraceStats
+from tuner.workers.replay import Outcome, RequestRecord
 
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 SQLITE_BUSY_TIMEOUT_MS = 30_000
-
-R = TypeVar("R")
 
 
 def alembic_config(url: str) -> Config:
@@ -69,13 +68,22 @@ class DatabaseUnreachable(TunerError):
         return cls(f"cannot reach the database at {redact_url(url)}: {reason}")
 
 
-def _from_row(cls: type[R], row: Any, **values: Any) -> R:
-    """The record whose fields the row's attributes of the same names fill, `values` taking precedence."""
-    return cls(**{f.name: values[f.name] if f.name in values else getattr(row, f.name) for f in fields(cls)})
+def _columns(row: Base) -> dict[str, Any]:
+    """A row's values by attribute name (a record's field names)."""
+    return {column.key: getattr(row, column.key) for column in row.__mapper__.column_attrs}
+
+
+def _request(row: RequestRow) -> RequestRecord:
+    values = _columns(row)
+    del values["id"], values["trial_id"]
+    return RequestRecord(**{**values, "outcome": Outcome(row.outcome)})
 
 
 class Repository:
-    """tuner's tables in the database at `url`, which may also hold Optuna's."""
+    """tuner's tables in the database at `url`, which may also hold Optuna's.
+
+    Records go in and come out typed (StudySettings, StoredTrial, RequestRecord), each read back equal to what
+    was saved; their JSON columns hold what the records' `to_dict` gives."""
 
     def __init__(self, url: str):
         self._url = url
@@ -117,20 +125,23 @@ class Repository:
     # Studies
 
     def save_study(self, settings: StudySettings) -> None:
+        """Store a new study; TunerError if one of that name exists."""
         try:
             with self._transaction() as session:
-                session.add(StudyRow(**asdict(settings)))
+                session.add(StudyRow(**settings.to_dict()))
         except IntegrityError:
             raise TunerError(f"study {settings.name} already exists") from None
 
     def get_study(self, name: str) -> StudySettings:
+        """The study's settings; NotFound if there is no such study."""
         with self._transaction() as session:
-            return _from_row(StudySettings, self._study_row(session, name))
+            return StudySettings.from_dict(_columns(self._study_row(session, name)))
 
     def list_studies(self) -> list[StudySettings]:
+        """Every study, the oldest first."""
         with self._transaction() as session:
             rows = session.scalars(select(StudyRow).order_by(StudyRow.created_at, StudyRow.id))
-            return [_from_row(StudySettings, row) for row in rows]
+            return [StudySettings.from_dict(_columns(row)) for row in rows]
 
     @staticmethod
     def _study_row(session: Session, name: str) -> StudyRow:
@@ -154,15 +165,16 @@ class Repository:
             pass  # another process stored the same trace in the meantime, which is all that was wanted
 
     def get_trace(self, sha256: str) -> dict:
+        """A stored trace's summary, by column."""
         with self._transaction() as session:
             row = session.get(TraceRow, sha256)
             if row is None:
                 raise TunerError(f"no trace with sha256 {sha256}")
-            return {column.key: getattr(row, column.key) for column in TraceRow.__mapper__.column_attrs}
+            return _columns(row)
 
     # Trials
 
-    def save_trial(self, trial: StoredTrial, requests: list[StoredRequest]) -> int:
+    def save_trial(self, trial: StoredTrial, requests: list[RequestRecord]) -> int:
         """Store a trial with its requests (and its launch failure, if any), replacing any earlier row for its
         number, requests and all; returns the new row's id."""
         with self._transaction() as session:
@@ -170,15 +182,15 @@ class Repository:
             # The foreign keys cascade, so the old row's requests and failure go with it.
             session.execute(delete(TrialRow).where(TrialRow.study_id == study_id,
                                                    TrialRow.trial_number == trial.trial_number))
-            values = asdict(trial)
-            del values["study_name"], values["id"]
+            values = trial.to_dict()
+            del values["study_name"]
             row = TrialRow(study_id=study_id, **values)
             session.add(row)
             session.flush()
             if requests:
-                session.execute(insert(RequestRow), [{"trial_id": row.id, **asdict(r)} for r in requests])
+                session.execute(insert(RequestRow), [{"trial_id": row.id, **r.to_dict()} for r in requests])
             # A proposal refused before launch (kv_insufficient (predicted)) has a failure class but no launch.
-            if trial.failure_class is not None and trial.state != "infeasible":
+            if trial.failure_class is not None and trial.state is not TrialState.INFEASIBLE:
                 session.add(LaunchFailureRow(
                     trial_id=row.id, failure_class=trial.failure_class, message=trial.failure_message or "",
                     exit_code=trial.exit_code, log_excerpt=trial.log_excerpt or "",
@@ -186,32 +198,19 @@ class Repository:
             return row.id
 
     def trials(self, study_name: str) -> list[StoredTrial]:
+        """The study's stored trials, by trial number."""
         with self._transaction() as session:
             study = self._study_row(session, study_name)
             rows = session.scalars(select(TrialRow).where(TrialRow.study_id == study.id)
                                    .order_by(TrialRow.trial_number))
-            return [_from_row(StoredTrial, row, study_name=study.name) for row in rows]
+            return [StoredTrial.from_dict({**_columns(row), "study_name": study.name}) for row in rows]
 
-    def requests(self, study_name: str, trial_number: int) -> list[StoredRequest]:
+    def requests(self, study_name: str, trial_number: int) -> list[RequestRecord]:
+        """The replayed requests of one trial of the study, by index."""
         with self._transaction() as session:
             study_id = self._study_row(session, study_name).id
             rows = session.scalars(
                 select(RequestRow).join(TrialRow, RequestRow.trial_id == TrialRow.id)
                 .where(TrialRow.study_id == study_id, TrialRow.trial_number == trial_number)
                 .order_by(RequestRow.index))
-            return [_from_row(StoredRequest, row) for row in rows]
-
-    def launch_failures(self, study_name: str) -> list[dict]:
-        """Every failure of the study's trials, with the log excerpt that tells why, by trial number."""
-        with self._transaction() as session:
-            study_id = self._study_row(session, study_name).id
-            rows = session.execute(
-                select(TrialRow.trial_number, TrialRow.attempt, LaunchFailureRow)
-                .join(TrialRow, LaunchFailureRow.trial_id == TrialRow.id)
-                .where(TrialRow.study_id == study_id)
-                .order_by(TrialRow.trial_number))
-            return [{"trial_number": number, "attempt": attempt, "failure_class": failure.failure_class,
-                     "message": failure.message, "exit_code": failure.exit_code,
-                     "log_excerpt": failure.log_excerpt,
-                     "estimated_max_model_len": failure.estimated_max_model_len}
-                    for number, attempt, failure in rows]
+            return [_request(row) for row in rows]

@@ -9,17 +9,19 @@ from pathlib import Path
 
 import pytest
 
-from tuner.storage import StoredRequest, StoredTrial, StudySettings
+from tuner.storage import StoredTrial, StudyModel, StudySettings
 from tuner.compare import CompareRun, pair_verdict, parse_vary, reshape_trace, scale_lengths, verdicts
 from tuner.errors import TunerError
 from tuner.hardware import HardwareInfo
 from tuner.report import (NO_TIMELINE, ReportData, kv_budget_tokens, pareto_figure, read_timeline, render_html,
                           side_by_side, summary, trial_rows)
-from tuner.scoring import boundary
+from tuner.scoring import Rejection, Score, boundary
 from tuner.study import Recommendation
 from tuner.traces.records import Trace, TraceRequest
+from tuner.traces.selection import TraceSelection
 from tuner.workers.engine_config import EngineConfig
-from tuner.workers.measure import Measurement, Percentiles
+from tuner.workers.measure import Measurement, Percentiles, TrialTimings
+from tuner.workers.replay import Outcome, RequestRecord
 from tuner.workers.server_metrics import TimelineSample
 
 PLOT_IDS = ("pareto", "preemptions", "time_split", "timelines", "output_lengths")
@@ -157,49 +159,49 @@ def test_reshape_trace_by_dimension():
 # --- the study report, from stored trials ------------------------------------------------------------------
 
 
-HARDWARE = HardwareInfo("cpu", None, None, 0, "Test CPU 9000", 2, 8.0).to_dict()
+MACHINE = HardwareInfo("cpu", None, None, 0, "Test CPU 9000", 2, 8.0)
+HARDWARE = MACHINE.to_dict()
 SPACE_FIXED = {"enforce_eager": True, "max_model_len": 1024, "kv_cache_memory_bytes": 268435456}
 
 
 def settings() -> StudySettings:
     return StudySettings(
         name="demo", created_at="2025-01-01T00:00:00+00:00", model="/models/tiny",
-        model_info={"architecture": "LlamaForCausalLM", "vocab_size": 2048, "max_position_embeddings": 2048,
-                    "kv_bytes_per_token": 4096},
+        model_info=StudyModel("LlamaForCausalLM", 2048, 2048, 4096),
         trace_path="/traces/azure_conv_2023.csv", trace_sha256="ab" * 32,
-        trace_selection={"window_s": None, "max_requests": 16, "rate_scale": 100.0, "fit": "clip"},
+        trace_selection=TraceSelection(None, 16, 100.0, "clip"),
         boundary="interactive", limits={"ttft_p95_s": 20.0, "e2e_p95_s": 60.0}, space_name="test-study",
         space_text="name: test-study\n", sampler="tpe", seed=3, request_timeout_s=600.0, startup_timeout_s=600.0)
 
 
 def stored(number: int, state: str, config: dict, m: Measurement | None = None, *, failure_class: str | None = None,
-           score: dict | None = None, **kw) -> StoredTrial:
-    config = {**SPACE_FIXED, **config}
+           score: Score | Rejection | None = None, **kw) -> StoredTrial:
+    config = EngineConfig.from_dict({**SPACE_FIXED, **config})
     return StoredTrial(
         study_name="demo", trial_number=number, attempt=1, state=state, engine_config=config,
-        serve_command=EngineConfig.from_dict(config).serve_command("/models/tiny"),
-        measurement=m.to_dict() if m else None, failure_class=failure_class,
+        serve_command=config.serve_command("/models/tiny"),
+        measurement=m, failure_class=failure_class,
         failure_message=kw.pop("failure_message", None), log_excerpt=None, estimated_max_model_len=None,
-        exit_code=None, timings={"startup_s": 20.0, "replay_s": 10.0, "teardown_s": 1.0, "total_s": 31.0},
-        hardware=HARDWARE, vllm_version="0.32.0", started_at="2025-01-01T00:00:00+00:00",
-        finished_at="2025-01-01T00:01:00+00:00", score=score or {}, **kw)
+        exit_code=None, timings=TrialTimings(20.0, 10.0, 1.0),
+        hardware=MACHINE, vllm_version="0.32.0", started_at="2025-01-01T00:00:00+00:00",
+        finished_at="2025-01-01T00:01:00+00:00", score=score, **kw)
 
 
-def scored(m: Measurement, feasible: bool = True) -> dict:
+def scored(m: Measurement, feasible: bool = True) -> Score:
     violations = [] if feasible else ["e2e_p95_s 70.000 s is over the limit 60.000 s"]
-    return {"completed_rps": m.completed_rps, "e2e_p95_s": m.e2e_s.p95, "output_tps": m.output_tps,
-            "completion_ratio": m.completed / m.requests, "violations": violations, "feasible": feasible,
-            "constraints": {"ttft_p95_s": m.ttft_s.p95 - 20, "e2e_p95_s": m.e2e_s.p95 - 60,
-                            "completion_ratio": 0.99 - m.completed / m.requests}}
+    return Score(completed_rps=m.completed_rps, e2e_p95_s=m.e2e_s.p95, output_tps=m.output_tps,
+                 completion_ratio=m.completed / m.requests, violations=violations,
+                 constraints={"ttft_p95_s": m.ttft_s.p95 - 20, "e2e_p95_s": m.e2e_s.p95 - 60,
+                              "completion_ratio": 0.99 - m.completed / m.requests})
 
 
-def requests_of(m: Measurement, short_by: int = 0) -> list[StoredRequest]:
+def requests_of(m: Measurement, short_by: int = 0) -> list[RequestRecord]:
     rows = []
     for i in range(m.requests):
         asked = 50 + 10 * i
         served = asked - (short_by if i == 0 else 0)
-        rows.append(StoredRequest(i, 0.01 * i, 0.01 * i, asked, 200, served, "ok" if served == asked else "truncated",
-                                  ttft_s=0.1, e2e_s=1.0 + 0.1 * i))
+        rows.append(RequestRecord(i, 0.01 * i, 0.01 * i, asked, 200, served,
+                                  Outcome.OK if served == asked else Outcome.TRUNCATED, ttft_s=0.1, e2e_s=1.0 + 0.1 * i))
     return rows
 
 
@@ -216,7 +218,7 @@ def report_data(with_timelines: bool = True) -> ReportData:
     trials = (
         stored(0, "complete", {}, base_m, score=scored(base_m)),
         stored(1, "infeasible", {"max_num_seqs": 16, "max_num_batched_tokens": 8},
-               score={"feasible": False, "violations": ["max_num_batched_tokens 8 is below max_num_seqs 16"]}),
+               score=Rejection(["max_num_batched_tokens 8 is below max_num_seqs 16"])),
         stored(2, "failed", {"max_num_seqs": 8, "num_gpu_blocks_override": 4}, failure_class="kv_insufficient",
                failure_message="the KV cache (512 tokens) cannot hold one request of 1024 tokens\nmore"),
         stored(3, "complete", {"max_num_seqs": 16, "num_gpu_blocks_override": 24}, pressured_m,

@@ -77,7 +77,7 @@ def _median_times(plan: StoragePlan, study: str) -> tuple[float, float]:
     """The median engine startup and the median whole trial of a study's trials that served: a run judges
     whether a trial fits its window by the latter."""
     served = [t.timings for t in Repository(plan.url).trials(study) if t.state == "complete"]
-    return (statistics.median(t["startup_s"] for t in served), statistics.median(t["total_s"] for t in served))
+    return (statistics.median(t.startup_s for t in served), statistics.median(t.total_s for t in served))
 
 
 def _host(common: list[str], log: Path) -> subprocess.Popen:

@@ -14,12 +14,18 @@ from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
-from tuner.storage import (Repository, StoredRequest, StoredTrial, StudySettings, VERSION_TABLE, alembic_config,
-                     attach_trial_artifacts, default_artifact_dir, default_storage_url, redact_url, trial_artifacts)
+from tuner.storage import (Repository, StoredTrial, StudyModel, StudySettings, VERSION_TABLE, alembic_config,
+                           attach_trial_artifacts, default_artifact_dir, default_storage_url, redact_url,
+                           trial_artifacts)
 from tuner.storage.schema import Base, ScheduleRunRow, include_name
 from tuner.errors import TunerError
+from tuner.hardware import HardwareInfo
+from tuner.kv_budget import ModelMemory
+from tuner.scoring import Rejection, Score
+from tuner.traces.selection import TraceSelection
 from tuner.traces.records import Trace, TraceRequest, Transformation
 from tuner.traces.stats import trace_stats
+from tuner.workers.engine_config import EngineConfig
 from tuner.workers.failures import FailureClass, classify_failure
 from tuner.workers.measure import TrialRecord, TrialTimings, measure
 from tuner.workers.replay import Outcome, ReplayResult, RequestRecord
@@ -44,9 +50,10 @@ def repo(url: str) -> Repository:
 
 def settings(name: str = "s1", created_at: str = "2025-05-01T10:00:00+00:00") -> StudySettings:
     return StudySettings(
-        name=name, created_at=created_at, model="/models/tiny", model_info={"architecture": "LlamaForCausalLM",
-                                                                            "layers": 2},
-        trace_path="/traces/azure_conv_2023.csv", trace_sha256="ab" * 32, trace_selection={"window": [0, 60]},
+        name=name, created_at=created_at, model="/models/tiny",
+        model_info=StudyModel("LlamaForCausalLM", 2048, 2048, 4096,
+                              ModelMemory("LlamaForCausalLM", 2, 4, 64, 256, 512, 10_000_000, "bfloat16", 2048)),
+        trace_path="/traces/azure_conv_2023.csv", trace_sha256="ab" * 32, trace_selection=TraceSelection((0, 60)),
         boundary="interactive", limits={"ttft_p95_s": 2.0}, space_name="default",
         space_text="max_num_seqs: {low: 8, high: 256}\n", sampler="tpe", seed=7, request_timeout_s=600.0,
         startup_timeout_s=900.0,
@@ -65,9 +72,10 @@ def request_records(count: int) -> list[RequestRecord]:
 def trial_record(records: list[RequestRecord], *, died: bool) -> TrialRecord:
     log = "INFO starting\nINFO serving on port 8000\nERROR worker killed\n"
     return TrialRecord(
-        model="/models/tiny", engine_config={"max_num_seqs": 64, "enable_prefix_caching": True},
+        model="/models/tiny", engine_config=EngineConfig(max_num_seqs=64, enable_prefix_caching=True),
         serve_command="vllm serve /models/tiny --max-num-seqs 64",
-        trace={"source": "azure_conv_2023.csv", "sha256": "ab" * 32}, hardware={"gpu": "none", "cpus": 2},
+        trace={"source": "azure_conv_2023.csv", "sha256": "ab" * 32},
+        hardware=HardwareInfo("cpu", None, None, 0, "Test CPU", 2, 8.0),
         vllm_version="0.32.0", started_at="2025-05-01T10:05:00+00:00", timings=TrialTimings(12.5, 3.0, 0.5),
         measurement=measure(ReplayResult(records, 3.0, None, None)),
         failure=classify_failure(-9, log, was_serving=True) if died else None, log_path="/tmp/trial-3.log",
@@ -75,7 +83,7 @@ def trial_record(records: list[RequestRecord], *, died: bool) -> TrialRecord:
 
 
 def stored(record: TrialRecord, number: int = 3, **kwargs) -> StoredTrial:
-    score = {"objectives": {"completed_rps": 1.5}, "constraints": {"ttft_p95_s": -0.5}, "feasible": True}
+    score = Score(1.5, 0.4, 64.0, 1.0, {"ttft_p95_s": -0.5}, [])
     return StoredTrial.from_record("s1", number, record, state=kwargs.pop("state", "complete"), score=score,
                                    finished_at="2025-05-01T10:06:00+00:00", **kwargs)
 
@@ -200,36 +208,39 @@ def test_trial_with_requests_and_failure_round_trips(repo):
     repo.save_study(settings())
     records = request_records(5)
     trial = stored(trial_record(records, died=True), state="failed", attempt=2)
-    assert trial.failure_class == FailureClass.ENGINE_DIED.value and trial.measurement["requests"] == 5
-    requests = [StoredRequest.from_record(r) for r in records]
+    assert trial.failure_class == FailureClass.ENGINE_DIED.value and trial.measurement.requests == 5
+    requests = records
     trial_id = repo.save_trial(trial, requests)
 
     [back] = repo.trials("s1")
     assert back == trial and back.id == trial_id
-    assert back.timings == {"startup_s": 12.5, "replay_s": 3.0, "teardown_s": 0.5, "total_s": 16.0}
+    assert back.timings.to_dict() == {"startup_s": 12.5, "replay_s": 3.0, "teardown_s": 0.5, "total_s": 16.0}
     assert repo.requests("s1", 3) == requests
     assert repo.requests("s1", 3)[-1].outcome == "not_sent"
-    [failure] = repo.launch_failures("s1")
+    failure = {"trial_number": back.trial_number, "attempt": back.attempt, "failure_class": back.failure_class,
+               "message": back.failure_message, "exit_code": back.exit_code, "log_excerpt": back.log_excerpt,
+               "estimated_max_model_len": back.estimated_max_model_len}
     assert failure == {"trial_number": 3, "attempt": 2, "failure_class": "engine_died",
                        "message": trial.failure_message, "exit_code": -9, "log_excerpt": trial.log_excerpt,
                        "estimated_max_model_len": None}
     assert "worker killed" in failure["log_excerpt"]
+    assert row_count(repo, "tuner_launch_failures") == 1
 
 
 def test_resaving_a_trial_number_replaces_it(repo):
     repo.save_study(settings())
     first = stored(trial_record(request_records(6), died=True), state="worker_lost")
-    repo.save_trial(first, [StoredRequest.from_record(r) for r in request_records(6)])
+    repo.save_trial(first, request_records(6))
     other = stored(trial_record(request_records(2), died=False), number=4)
-    repo.save_trial(other, [StoredRequest.from_record(r) for r in request_records(2)])
+    repo.save_trial(other, request_records(2))
 
     rerun = stored(trial_record(request_records(3), died=False), attempt=2)
-    repo.save_trial(rerun, [StoredRequest.from_record(r) for r in request_records(3)])
+    repo.save_trial(rerun, request_records(3))
 
     assert repo.trials("s1") == [rerun, other]
     assert len(repo.requests("s1", 3)) == 3 and len(repo.requests("s1", 4)) == 2
     assert row_count(repo, "tuner_requests") == 5  # the first run's six are gone
-    assert repo.launch_failures("s1") == [] and row_count(repo, "tuner_launch_failures") == 0
+    assert row_count(repo, "tuner_launch_failures") == 0
 
 
 def test_kv_failure_without_requests(repo):
@@ -241,8 +252,8 @@ def test_kv_failure_without_requests(repo):
     [back] = repo.trials("s1")
     assert back == trial and back.measurement is None and back.estimated_max_model_len == 2048
     assert repo.requests("s1", 0) == []
-    assert [(f["failure_class"], f["estimated_max_model_len"]) for f in repo.launch_failures("s1")] == [
-        ("kv_insufficient", 2048)]
+    assert [(t.failure_class, t.estimated_max_model_len) for t in repo.trials("s1")] == [("kv_insufficient", 2048)]
+    assert row_count(repo, "tuner_launch_failures") == 1
 
 
 def test_a_proposal_refused_before_launch_keeps_its_class_but_is_no_launch_failure(repo):
@@ -250,21 +261,22 @@ def test_a_proposal_refused_before_launch_keeps_its_class_but_is_no_launch_failu
     reason = ("kv_insufficient (predicted): the KV cache is estimated at 512 tokens from num_gpu_blocks_override, "
               "below one request of max_model_len (1024)")
     refused = StoredTrial(
-        study_name="s1", trial_number=2, attempt=1, state="infeasible", engine_config={"num_gpu_blocks_override": 4},
+        study_name="s1", trial_number=2, attempt=1, state="infeasible",
+        engine_config=EngineConfig(num_gpu_blocks_override=4),
         serve_command="vllm serve /models/tiny --num-gpu-blocks-override 4", measurement=None,
         failure_class="kv_insufficient (predicted)", failure_message=reason, log_excerpt=None,
-        estimated_max_model_len=None, exit_code=None, timings={}, hardware={}, vllm_version="",
+        estimated_max_model_len=None, exit_code=None, timings=None, hardware=None, vllm_version="",
         started_at="2025-05-01T10:00:00+00:00", finished_at="2025-05-01T10:00:00+00:00",
-        score={"feasible": False, "violations": [reason]})
+        score=Rejection([reason]))
     repo.save_trial(refused, [])
     assert repo.trials("s1") == [refused]
-    assert repo.launch_failures("s1") == [] and row_count(repo, "tuner_launch_failures") == 0
+    assert row_count(repo, "tuner_launch_failures") == 0
 
 
 def test_foreign_keys_are_enforced(repo):
     repo.save_study(settings())
     trial_id = repo.save_trial(stored(trial_record(request_records(4), died=True), state="failed"),
-                               [StoredRequest.from_record(r) for r in request_records(4)])
+                               request_records(4))
     with repo.engine.begin() as conn:
         conn.execute(sa.text("DELETE FROM tuner_trials WHERE id = :id"), {"id": trial_id})
     assert row_count(repo, "tuner_requests") == 0 and row_count(repo, "tuner_launch_failures") == 0
@@ -282,7 +294,7 @@ def test_two_writers_share_one_database(repo, url):
         try:
             for number in range(first, first + 10):
                 other.save_trial(stored(trial_record(request_records(3), died=False), number=number),
-                                 [StoredRequest.from_record(r) for r in request_records(3)])
+                                 request_records(3))
         except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
             errors.append(exc)
 

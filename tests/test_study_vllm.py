@@ -65,7 +65,7 @@ def test_baseline_runs_first_with_vllms_defaults(study):
 def test_an_infeasible_proposal_is_rejected_without_launch(study):
     trial = _trials(study)[1]
     assert trial.state == "infeasible" and trial.measurement is None
-    assert any("max_num_batched_tokens" in v for v in trial.score["violations"])
+    assert any("max_num_batched_tokens" in v for v in trial.score.violations)
     assert not (study["root"] / "artifacts" / "trials" / "s" / "trial-0001").exists(), "it must never launch"
     frozen = optuna.load_study(study_name="s", storage=study["storage"]).trials[1]
     assert frozen.constraints["search_space_rules"] > 0
@@ -98,9 +98,9 @@ def test_pareto_front_and_recommendation(study, monkeypatch):
     front = optuna_study.best_trials
     assert front, "the Pareto front must not be empty"
     trials = _trials(study)
-    assert all(trials[t.number].score.get("feasible") for t in front)
+    assert all(trials[t.number].score.feasible for t in front)
     pressured = trials[3]
-    assert pressured.state == "complete" and pressured.measurement["preemptions"] > 0
+    assert pressured.state == "complete" and pressured.measurement.preemptions > 0
     best = json.loads(tuner("study", "best", "s", "--json", *study["common"]).stdout)
     assert best["serve_command"].startswith("vllm serve ") and best["boundary"]["name"] == "interactive"
     assert best["hardware"]["cpu_cores"] >= 1 and best["vllm_version"] == "0.32.0"
@@ -212,9 +212,9 @@ def test_a_hopeless_trial_is_pruned_with_its_reason_but_never_the_baseline(tiny_
     assert baseline["baseline"] and baseline["state"] == "complete" and not baseline["score"]["feasible"]
     assert summary["state"] == "pruned" and "p95 cannot meet it" in summary["reason"]
     stored = {t.trial_number: t for t in Repository(storage).trials("strict")}
-    assert stored[0].measurement["outcomes"] == {"ok": 40}
+    assert stored[0].measurement.outcomes == {"ok": 40}
     assert stored[1].state == "pruned" and stored[1].prune_reason == summary["reason"]
-    outcomes = stored[1].measurement["outcomes"]
+    outcomes = stored[1].measurement.outcomes
     assert outcomes.get("not_sent", 0) > 0, "the 40 requests span 26 s: most must never have been sent"
     frozen = optuna.load_study(study_name="strict", storage=storage).trials[1]
     assert frozen.state is optuna.trial.TrialState.PRUNED and frozen.user_attrs["prune_reason"] == summary["reason"]

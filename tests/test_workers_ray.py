@@ -20,7 +20,8 @@ import ray
 from conftest import AZURE_CONV, NO_LATENCY_LIMITS, as_at_a_terminal, run_tuner, signal_when_ready, vllm_processes
 from tuner.storage import Repository
 from tuner.errors import TunerError
-from tuner.study import StoragePlan, StudyRunner, create_study, enqueue_config
+from tuner.study import (PoolReady, RunEvent, StoragePlan, StudyRunner, TrialStarted, WorkerDone, create_study,
+                         enqueue_config)
 from tuner.traces.selection import TraceSelection, load_trace
 from tuner.workers.engine_config import EngineConfig
 from tuner.workers.pool import WorkerLost, WorkerPool, _staging_dir
@@ -53,7 +54,7 @@ def _wait_for_log(log: Path, line: str, alive=lambda: True, timeout_s: float = 2
 
 def _interval(trial) -> tuple[float, float]:
     start = datetime.fromisoformat(trial.started_at).timestamp()
-    return start, start + trial.timings["total_s"]
+    return start, start + trial.timings.total_s
 
 
 def test_two_cpu_slots_run_two_real_trials_at_once(tiny_model, tmp_path):
@@ -61,7 +62,7 @@ def test_two_cpu_slots_run_two_real_trials_at_once(tiny_model, tmp_path):
     enqueue_config("pair", plan, QUEUED)
     slots_seen = []
     report = StudyRunner("pair", plan, parallel=2,
-                         on_event=lambda kind, data: slots_seen.append(data["slot"]) if kind == "trial_started" else None
+                         on_event=lambda event: slots_seen.append(event.slot) if isinstance(event, TrialStarted) else None
                          ).run(2)
     assert [t.state for t in report.trials] == ["complete", "complete"]
     assert sorted(slots_seen) == [0, 1]
@@ -89,13 +90,14 @@ def test_a_worker_killed_mid_trial_is_worker_lost_and_its_configuration_reruns(t
         pool["pool"].kill_worker(0)
         killed.set()
 
-    def on_event(kind: str, data: dict) -> None:
-        if kind == "pool_ready":
-            pool["pool"] = data["pool"]
-        elif kind == "trial_started" and data["number"] == 1:
-            threading.Thread(target=kill_when_serving, daemon=True).start()
-        elif kind == "worker_done":
-            scheduling_s[data["number"]] = data["scheduling_s"]
+    def on_event(event: RunEvent) -> None:
+        match event:
+            case PoolReady():
+                pool["pool"] = event.pool
+            case TrialStarted(number=1):
+                threading.Thread(target=kill_when_serving, daemon=True).start()
+            case WorkerDone():
+                scheduling_s[event.number] = event.scheduling_s
 
     report = StudyRunner("lost", plan, parallel=1, on_event=on_event).run(2)
     assert killed.is_set()
@@ -109,8 +111,8 @@ def test_a_worker_killed_mid_trial_is_worker_lost_and_its_configuration_reruns(t
     assert study.trials[2].user_attrs["rerun_of"] == 1 and "baseline" not in study.trials[2].user_attrs
     stored = {t.trial_number: t for t in Repository(plan.url).trials("lost")}
     assert stored[1].state == "worker_lost" and stored[1].failure_class == "worker_lost"
-    assert stored[2].state == "complete" and stored[2].measurement["completed"] == 12
-    assert stored[2].engine_config["max_num_seqs"] == 8
+    assert stored[2].state == "complete" and stored[2].measurement.completed == 12
+    assert stored[2].engine_config.max_num_seqs == 8
     # The killed trial's log, up to its engine core's start at least, is in the driver's store all the same.
     assert "(EngineCore pid=" in (_trial_dir(plan, "lost", 1) / "server.log").read_text(errors="replace")
     assert not vllm_processes()

@@ -175,7 +175,7 @@ def _trial_table(record) -> Table:
     m = record.measurement
     table = Table(title="trial", show_header=False)
     table.add_row("command", Text(record.serve_command))
-    table.add_row("hardware", _describe_hardware(record.hardware))
+    table.add_row("hardware", record.hardware.describe())
     table.add_row("vLLM", record.vllm_version)
     table.add_row("trace", Text(f"{record.trace['source']} ({record.trace['requests']} requests, "
                                 f"{record.trace['span_s']:.1f} s)"))
@@ -203,12 +203,6 @@ def _trial_table(record) -> Table:
         table.add_row("send lateness p99 ms", fmt((m.send_lateness_s.p99 or 0) * 1000, 2))
     table.add_row("server log", Text(record.log_path))
     return table
-
-
-def _describe_hardware(hw: dict) -> str:
-    from tuner.hardware import HardwareInfo
-
-    return HardwareInfo(**hw).describe()
 
 
 @trial_app.command("run")

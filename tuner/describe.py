@@ -13,9 +13,9 @@ if TYPE_CHECKING:
     from tuner.study import Recommendation
 
 
-def hardware_line(hw: dict) -> str:
+def hardware_line(hw: HardwareInfo | None) -> str:
     """GPU model, memory and count, or CPU model and cores."""
-    return HardwareInfo(**hw).describe() if hw else "unknown"
+    return hw.describe() if hw else "unknown"
 
 
 def boundary_line(b: Boundary) -> str:
@@ -34,10 +34,11 @@ def boundary_line(b: Boundary) -> str:
 def recommendation_context(rec: Recommendation, settings: StudySettings) -> dict:
     """What every stated recommendation carries: its boundary, the machine, vLLM and the trace."""
     t = rec.trial
-    return {"boundary": rec.boundary.to_dict(), "boundary_text": boundary_line(rec.boundary), "hardware": t.hardware,
-            "measured_on": hardware_line(t.hardware), "vllm_version": t.vllm_version,
+    return {"boundary": rec.boundary.to_dict(), "boundary_text": boundary_line(rec.boundary),
+            "hardware": t.to_dict()["hardware"], "measured_on": hardware_line(t.hardware),
+            "vllm_version": t.vllm_version,
             "trace": {"path": settings.trace_path, "sha256": settings.trace_sha256,
-                      "selection": settings.trace_selection}}
+                      "selection": settings.trace_selection.to_dict()}}
 
 
 def context_line(context: dict) -> str:
@@ -49,15 +50,14 @@ def context_line(context: dict) -> str:
 
 def recommendation_dict(rec: Recommendation, settings: StudySettings) -> dict:
     """A recommendation for programs: the command, the boundary, the machine, vLLM, the trace, the gain."""
-    t = rec.trial
-    m = t.measurement or {}
+    t, base = rec.trial.to_dict(), rec.baseline.to_dict() if rec.baseline else None
     return {
-        "study": settings.name, "trial": t.trial_number, "serve_command": t.serve_command,
-        "engine_config": t.engine_config, **recommendation_context(rec, settings),
-        "score": t.score,
-        "measurement": {k: m.get(k) for k in ("completed", "requests", "completed_rps", "output_tps", "ttft_s",
-                                              "e2e_s", "queue_s_p95", "preemptions")},
-        "baseline": {"trial": rec.baseline.trial_number, "state": rec.baseline.state,
-                     "failure_class": rec.baseline.failure_class, "score": rec.baseline.score} if rec.baseline else None,
+        "study": settings.name, "trial": t["trial_number"], "serve_command": t["serve_command"],
+        "engine_config": t["engine_config"], **recommendation_context(rec, settings),
+        "score": t["score"],
+        "measurement": {k: t["measurement"][k] for k in ("completed", "requests", "completed_rps", "output_tps",
+                                                         "ttft_s", "e2e_s", "queue_s_p95", "preemptions")},
+        "baseline": {"trial": base["trial_number"], "state": base["state"], "failure_class": base["failure_class"],
+                     "score": base["score"]} if base else None,
         "gain": rec.gain,
     }

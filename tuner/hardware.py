@@ -32,6 +32,11 @@ class HardwareInfo:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    @classmethod
+    def from_dict(cls, data: dict) -> HardwareInfo:
+        """The machine `to_dict` gave."""
+        return cls(**data)
+
 
 def _cpu_model() -> str:
     # psutil has no CPU model name: /proc/cpuinfo on Linux, the platform's guess elsewhere.

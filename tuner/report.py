@@ -15,6 +15,7 @@ from __future__ import annotations
 import csv
 import html
 import math
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -22,11 +23,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from tuner.storage import StoredRequest, StoredTrial, StudySettings
+from tuner.storage import StoredTrial, StudyModel, StudySettings, TrialState
 from tuner.scoring import Boundary, boundary
 from tuner.study import Recommendation
 from tuner.describe import boundary_line, hardware_line, recommendation_dict
 from tuner.kv_budget import logged_kv_tokens
+from tuner.workers.engine_config import EngineConfig
+from tuner.workers.measure import Measurement
+from tuner.workers.replay import RequestRecord
 from tuner.workers.server_metrics import TimelineSample
 
 TIMELINE_FILE = "timeline.csv"  # t_s,running,waiting,kv_usage, sampled every 0.25 s during the replay
@@ -57,7 +61,7 @@ def read_timeline(path: Path) -> list[TimelineSample] | None:
     return samples or None
 
 
-def kv_budget_tokens(trial: StoredTrial, model_info: dict, log_path: Path | None = None) -> int | None:
+def kv_budget_tokens(trial: StoredTrial, model_info: StudyModel, log_path: Path | None = None) -> int | None:
     """Tokens the KV cache held: as vLLM logged it at startup, else as far as the configuration says."""
     if log_path is not None:
         try:
@@ -67,11 +71,11 @@ def kv_budget_tokens(trial: StoredTrial, model_info: dict, log_path: Path | None
         if logged is not None:
             return logged
     config = trial.engine_config
-    if config.get("num_gpu_blocks_override") and config.get("block_size"):
-        return int(config["num_gpu_blocks_override"]) * int(config["block_size"])
-    per_token = model_info.get("kv_bytes_per_token")
-    if config.get("kv_cache_memory_bytes") and per_token and not config.get("num_gpu_blocks_override"):
-        return int(config["kv_cache_memory_bytes"]) // int(per_token)
+    if config.num_gpu_blocks_override and config.block_size:
+        return config.num_gpu_blocks_override * config.block_size
+    per_token = model_info.kv_bytes_per_token
+    if config.kv_cache_memory_bytes and per_token and not config.num_gpu_blocks_override:
+        return config.kv_cache_memory_bytes // per_token
     return None
 
 
@@ -84,7 +88,7 @@ class ReportData:
     trials: tuple[StoredTrial, ...]
     recommendation: Recommendation | None
     baseline: StoredTrial | None  # vLLM's default configuration, as run first
-    requests: dict[int, list[StoredRequest]] = field(default_factory=dict)
+    requests: dict[int, list[RequestRecord]] = field(default_factory=dict)
     timelines: dict[int, list[TimelineSample]] = field(default_factory=dict)  # only the trials that have one
     kv_tokens: dict[int, int] = field(default_factory=dict)
     generated_at: str = ""
@@ -103,7 +107,8 @@ class ReportData:
 
     @property
     def scored(self) -> list[StoredTrial]:
-        return [t for t in self.trials if t.state == "complete" and "completed_rps" in t.score]
+        """Trials that served and were scored, feasible or not."""
+        return [t for t in self.trials if t.scored is not None]
 
     @property
     def featured(self) -> list[tuple[str, StoredTrial]]:
@@ -157,41 +162,41 @@ def collect_report(name: str, plan) -> ReportData:
 # --- figures of one trial, as numbers -----------------------------------------------------------------
 
 
-def _m(t: StoredTrial | None, *keys: str) -> Any:
-    value: Any = (t.measurement or {}) if t is not None else {}
-    for key in keys:
-        value = value.get(key) if isinstance(value, dict) else None
-    return value
+def _figure(t: StoredTrial | None, read: Callable[[Measurement], Any]) -> Any:
+    """One figure of a trial's measurement; None for no trial, or one that measured nothing."""
+    return read(t.measurement) if t is not None and t.measurement is not None else None
 
 
-def _mean_e2e(requests: list[StoredRequest]) -> float | None:
+def _mean_e2e(requests: list[RequestRecord]) -> float | None:
     values = [r.e2e_s for r in requests if r.e2e_s is not None]
     return sum(values) / len(values) if values else None
 
 
 def _why(t: StoredTrial) -> str:
-    if t.state == "infeasible":
-        return "rejected before launch: " + "; ".join(t.score.get("violations") or [])
-    if t.state == "pruned":
+    violations = t.score.violations if t.score else []
+    if t.state is TrialState.INFEASIBLE:
+        return "rejected before launch: " + "; ".join(violations)
+    if t.state is TrialState.PRUNED:
         return f"pruned: {t.prune_reason}" if t.prune_reason else "pruned"
     if t.failure_class:
         message = (t.failure_message or "").strip().splitlines()
         return message[0][:200] if message else ""
-    if t.score.get("violations"):
-        return "outside the boundary: " + "; ".join(t.score["violations"])
+    if violations:
+        return "outside the boundary: " + "; ".join(violations)
     return ""
 
 
-def _config_text(config: dict) -> str:
-    return ", ".join(f"{k}={v}" for k, v in config.items()) or "vLLM defaults"
+def _config_text(config: EngineConfig | dict) -> str:
+    settings = config.to_dict() if isinstance(config, EngineConfig) else config
+    return ", ".join(f"{k}={v}" for k, v in settings.items()) or "vLLM defaults"
 
 
 def common_settings(data: ReportData) -> dict:
     """The engine settings every trial shared (the space's fixed values, as a rule)."""
     if not data.trials:
         return {}
-    first = data.trials[0].engine_config
-    return {k: v for k, v in first.items() if all(t.engine_config.get(k, object()) == v for t in data.trials)}
+    configs = [t.engine_config.to_dict() for t in data.trials]
+    return {k: v for k, v in configs[0].items() if all(c.get(k, object()) == v for c in configs)}
 
 
 def trial_rows(data: ReportData) -> list[dict]:
@@ -200,16 +205,17 @@ def trial_rows(data: ReportData) -> list[dict]:
     rows = []
     shared = common_settings(data)
     for t in data.trials:
+        config = t.engine_config.to_dict()
         rows.append({
-            "trial": t.trial_number, "attempt": t.attempt, "roles": data.roles(t), "state": t.state,
-            "failure_class": t.failure_class, "config": t.engine_config,
-            "settings": {k: v for k, v in t.engine_config.items() if k not in shared},
-            "completed": _m(t, "completed"), "requests": _m(t, "requests"),
-            "completed_rps": _m(t, "completed_rps"), "ttft_p95_s": _m(t, "ttft_s", "p95"),
-            "e2e_p95_s": _m(t, "e2e_s", "p95"), "queue_s_mean": _m(t, "queue_s_mean"),
-            "inference_s_mean": _m(t, "inference_s_mean"), "preemptions": _m(t, "preemptions"),
-            "kv_tokens": data.kv_tokens.get(t.trial_number),
-            "feasible": t.score.get("feasible") if t.state == "complete" else None, "why": _why(t),
+            "trial": t.trial_number, "attempt": t.attempt, "roles": data.roles(t), "state": t.state.value,
+            "failure_class": t.failure_class, "config": config,
+            "settings": {k: v for k, v in config.items() if k not in shared},
+            "completed": _figure(t, lambda m: m.completed), "requests": _figure(t, lambda m: m.requests),
+            "completed_rps": _figure(t, lambda m: m.completed_rps), "ttft_p95_s": _figure(t, lambda m: m.ttft_s.p95),
+            "e2e_p95_s": _figure(t, lambda m: m.e2e_s.p95), "queue_s_mean": _figure(t, lambda m: m.queue_s_mean),
+            "inference_s_mean": _figure(t, lambda m: m.inference_s_mean),
+            "preemptions": _figure(t, lambda m: m.preemptions), "kv_tokens": data.kv_tokens.get(t.trial_number),
+            "feasible": t.score.feasible if t.state is TrialState.COMPLETE and t.score else None, "why": _why(t),
         })
     return rows
 
@@ -235,9 +241,9 @@ def _num(value: Any, digits: int = 3, unit: str = "") -> str:
 def _meets(t: StoredTrial | None) -> str:
     if t is None:
         return "-"
-    if t.state != "complete" or "feasible" not in t.score:
+    if t.scored is None:
         return f"not scored ({t.failure_class or t.state})"
-    return "yes" if t.score["feasible"] else "no: " + "; ".join(t.score.get("violations") or [])
+    return "yes" if t.scored.feasible else "no: " + "; ".join(t.scored.violations)
 
 
 def side_by_side(data: ReportData) -> list[tuple[str, str, str, str]]:
@@ -245,32 +251,35 @@ def side_by_side(data: ReportData) -> list[tuple[str, str, str, str]]:
     base, rec = data.baseline, data.recommended
     rows: list[tuple[str, str, str, str]] = [
         ("trial", _num(base.trial_number) if base else "not run", _num(rec.trial_number) if rec else "none", "")]
-    keys = list(dict.fromkeys([*(base.engine_config if base else {}), *(rec.engine_config if rec else {})]))
-    for key in keys:
-        a = base.engine_config.get(key, DEFAULT_LABEL) if base else "-"
-        b = rec.engine_config.get(key, DEFAULT_LABEL) if rec else "-"
+    base_config = base.engine_config.to_dict() if base else {}
+    rec_config = rec.engine_config.to_dict() if rec else {}
+    for key in dict.fromkeys([*base_config, *rec_config]):
+        a = base_config.get(key, DEFAULT_LABEL) if base else "-"
+        b = rec_config.get(key, DEFAULT_LABEL) if rec else "-"
         rows.append((key, str(a), str(b), "" if a == b else "changed"))
     rows.append(("state", base.state + (f" ({base.failure_class})" if base and base.failure_class else "")
                  if base else "-", rec.state if rec else "-", ""))
 
-    def metric(label: str, keys: tuple[str, ...], digits: int = 3, unit: str = "", ratio: bool = True) -> None:
-        a, b = _m(base, *keys), _m(rec, *keys)
+    def metric(label: str, read: Callable[[Measurement], Any], digits: int = 3, unit: str = "",
+               ratio: bool = True) -> None:
+        a, b = _figure(base, read), _figure(rec, read)
         rows.append((label, _num(a, digits, unit), _num(b, digits, unit), _ratio_text(a, b) if ratio else ""))
 
-    completed = (f"{_m(base, 'completed')}/{_m(base, 'requests')}" if _m(base, "requests") is not None else "-",
-                 f"{_m(rec, 'completed')}/{_m(rec, 'requests')}" if _m(rec, "requests") is not None else "-")
-    rows.append(("completed / requests", *completed, ""))
-    metric("completed req/s", ("completed_rps",))
-    metric("output tok/s", ("output_tps",), 1)
-    metric("p95 TTFT", ("ttft_s", "p95"), 3, " s")
-    metric("p95 end-to-end", ("e2e_s", "p95"), 3, " s")
-    metric("mean queue time (vLLM)", ("queue_s_mean",), 3, " s")
-    metric("mean inference time (vLLM)", ("inference_s_mean",), 3, " s")
-    pa, pb = _m(base, "preemptions"), _m(rec, "preemptions")
+    def completed(t: StoredTrial | None) -> str:
+        return f"{t.measurement.completed}/{t.measurement.requests}" if t and t.measurement else "-"
+
+    rows.append(("completed / requests", completed(base), completed(rec), ""))
+    metric("completed req/s", lambda m: m.completed_rps)
+    metric("output tok/s", lambda m: m.output_tps, 1)
+    metric("p95 TTFT", lambda m: m.ttft_s.p95, 3, " s")
+    metric("p95 end-to-end", lambda m: m.e2e_s.p95, 3, " s")
+    metric("mean queue time (vLLM)", lambda m: m.queue_s_mean, 3, " s")
+    metric("mean inference time (vLLM)", lambda m: m.inference_s_mean, 3, " s")
+    pa, pb = _figure(base, lambda m: m.preemptions), _figure(rec, lambda m: m.preemptions)
     rows.append(("preemptions", _num(pa), _num(pb), "" if pa == pb or None in (pa, pb) else f"{pa} → {pb}"))
-    metric("running peak", ("running_peak",), 0, ratio=False)
-    metric("waiting peak", ("waiting_peak",), 0, ratio=False)
-    ka, kb = _m(base, "kv_usage_peak"), _m(rec, "kv_usage_peak")
+    metric("running peak", lambda m: m.running_peak, 0, ratio=False)
+    metric("waiting peak", lambda m: m.waiting_peak, 0, ratio=False)
+    ka, kb = _figure(base, lambda m: m.kv_usage_peak), _figure(rec, lambda m: m.kv_usage_peak)
     rows.append(("KV usage peak", f"{ka:.0%}" if ka is not None else "-", f"{kb:.0%}" if kb is not None else "-", ""))
     ta = data.kv_tokens.get(base.trial_number) if base else None
     tb = data.kv_tokens.get(rec.trial_number) if rec else None
@@ -309,11 +318,11 @@ def pareto_study(data: ReportData):
         if t is None:
             study.add_trial(create_trial(state=TrialState.FAIL))  # a placeholder, so that numbers match
             continue
-        attrs = {"config": _config_text(t.engine_config), "preemptions": _m(t, "preemptions")}
-        if t.score.get("violations"):
-            attrs["violations"] = t.score["violations"]
-        study.add_trial(create_trial(values=[t.score["completed_rps"], t.score["e2e_p95_s"]], user_attrs=attrs,
-                                     constraints=dict(t.score.get("constraints") or {"feasible": 0.0})))
+        attrs = {"config": _config_text(t.engine_config), "preemptions": t.measurement.preemptions}
+        if t.scored.violations:
+            attrs["violations"] = t.scored.violations
+        study.add_trial(create_trial(values=[t.scored.completed_rps, t.scored.e2e_p95_s], user_attrs=attrs,
+                                     constraints=dict(t.scored.constraints or {"feasible": 0.0})))
     return study
 
 
@@ -356,15 +365,15 @@ def pareto_figure(data: ReportData):
         fig.add_trace(go.Scatter(x=[t.values[0] for t in front], y=[t.values[1] for t in front], mode="lines",
                                  line={"color": COLORS["front"], "width": 1.5, "dash": "dot"},
                                  name="Pareto front (line)", hoverinfo="skip"))
-    rightmost = max(t.score["completed_rps"] for t in data.scored)
+    rightmost = max(t.scored.completed_rps for t in data.scored)
     for role, t in data.featured:
-        if "completed_rps" not in t.score:
+        if t.scored is None:
             continue
         recommended = "recommended" in role
         fig.add_trace(go.Scatter(
-            x=[t.score["completed_rps"]], y=[t.score["e2e_p95_s"]], mode="markers+text",
+            x=[t.scored.completed_rps], y=[t.scored.e2e_p95_s], mode="markers+text",
             text=[f"{role} (trial {t.trial_number})"], cliponaxis=False,
-            textposition="top left" if t.score["completed_rps"] >= rightmost else "top center",
+            textposition="top left" if t.scored.completed_rps >= rightmost else "top center",
             marker={"symbol": "star" if recommended else "diamond-open", "size": 22 if recommended else 18,
                     "color": COLORS["recommended" if recommended else "default"],
                     "line": {"width": 2, "color": COLORS["recommended" if recommended else "default"]}},
@@ -372,7 +381,7 @@ def pareto_figure(data: ReportData):
                                                                    "%{x:.3f} req/s, p95 %{y:.3f} s<extra></extra>"))
     b = data.boundary
     others = _other_limits(b)
-    values = [t.score["e2e_p95_s"] for t in data.scored if t.score["e2e_p95_s"] > 0]
+    values = [t.scored.e2e_p95_s for t in data.scored if t.scored.e2e_p95_s > 0]
     if b.e2e_p95_s is not None:
         top = max([b.e2e_p95_s * 1.15, *(v * 1.1 for v in values)])
         fig.add_hrect(y0=b.e2e_p95_s, y1=top, fillcolor="firebrick", opacity=0.06, line_width=0)
@@ -411,12 +420,12 @@ def _other_limits(b: Boundary) -> list[str]:
 
 
 def _seqs_label(t: StoredTrial) -> str:
-    value = t.engine_config.get("max_num_seqs")
+    value = t.engine_config.max_num_seqs
     return str(value) if value is not None else DEFAULT_LABEL
 
 
 def preemption_figure(data: ReportData):
-    trials = [t for t in data.measured if _m(t, "preemptions") is not None]
+    trials = data.measured
     if not trials:
         return None
     import plotly.graph_objects as go
@@ -424,23 +433,23 @@ def preemption_figure(data: ReportData):
 
     fig = make_subplots(rows=1, cols=2, subplot_titles=("preemptions against max_num_seqs",
                                                        "preemptions against the KV budget"))
-    feasible = [t for t in trials if t.score.get("feasible")]
-    other = [t for t in trials if not t.score.get("feasible")]
+    feasible = [t for t in trials if t.score and t.score.feasible]
+    other = [t for t in trials if not (t.score and t.score.feasible)]
     for group, name, color in ((feasible, "within the boundary", COLORS["feasible"]),
                                (other, "outside the boundary, pruned or failed", COLORS["other"])):
         if not group:
             continue
-        hover = [f"trial {t.trial_number}: {_config_text(t.engine_config)}<br>{_m(t, 'preemptions')} preemptions, "
+        hover = [f"trial {t.trial_number}: {_config_text(t.engine_config)}<br>{t.measurement.preemptions} preemptions, "
                  f"KV budget {data.kv_tokens.get(t.trial_number, 'unknown')} tokens" for t in group]
         marker = {"color": color, "size": 12, "line": {"width": 1, "color": "#333"}}
-        fig.add_trace(go.Scatter(x=[_seqs_label(t) for t in group], y=[_m(t, "preemptions") for t in group],
+        fig.add_trace(go.Scatter(x=[_seqs_label(t) for t in group], y=[t.measurement.preemptions for t in group],
                                  mode="markers+text", text=[f"#{t.trial_number}" for t in group],
                                  textposition="middle right", marker=marker, name=name, hovertext=hover,
                                  hoverinfo="text", legendgroup=name), row=1, col=1)
         with_kv = [t for t in group if t.trial_number in data.kv_tokens]
         if with_kv:
             fig.add_trace(go.Scatter(x=[data.kv_tokens[t.trial_number] for t in with_kv],
-                                     y=[_m(t, "preemptions") for t in with_kv], mode="markers+text",
+                                     y=[t.measurement.preemptions for t in with_kv], mode="markers+text",
                                      text=[f"#{t.trial_number}" for t in with_kv], textposition="middle right",
                                      marker=marker, name=name, hovertext=[hover[group.index(t)] for t in with_kv],
                                      hoverinfo="text", legendgroup=name, showlegend=False), row=1, col=2)
@@ -461,16 +470,17 @@ def _trial_label(data: ReportData, t: StoredTrial) -> str:
 
 
 def time_split_figure(data: ReportData):
-    trials = [t for t in data.measured if _m(t, "queue_s_mean") is not None or _m(t, "inference_s_mean") is not None]
+    trials = [t for t in data.measured
+              if t.measurement.queue_s_mean is not None or t.measurement.inference_s_mean is not None]
     if not trials:
         return None
     import plotly.graph_objects as go
 
     labels = [_trial_label(data, t) for t in trials]
     fig = go.Figure()
-    fig.add_trace(go.Bar(x=labels, y=[_m(t, "queue_s_mean") or 0.0 for t in trials], name="queued (waiting)",
+    fig.add_trace(go.Bar(x=labels, y=[t.measurement.queue_s_mean or 0.0 for t in trials], name="queued (waiting)",
                          marker_color=COLORS["queue"], hovertemplate="%{x}: %{y:.3f} s queued<extra></extra>"))
-    fig.add_trace(go.Bar(x=labels, y=[_m(t, "inference_s_mean") or 0.0 for t in trials],
+    fig.add_trace(go.Bar(x=labels, y=[t.measurement.inference_s_mean or 0.0 for t in trials],
                          name="inference (prefill and decode)", marker_color=COLORS["inference"],
                          hovertemplate="%{x}: %{y:.3f} s in inference<extra></extra>"))
     e2e = [_mean_e2e(data.requests.get(t.trial_number, [])) for t in trials]
@@ -513,7 +523,7 @@ def timeline_figure(data: ReportData):
 
 
 def output_lengths_figure(data: ReportData):
-    trials = [t for t in data.measured if _m(t, "requested_output_tokens") is not None]
+    trials = data.measured
     if not trials:
         return None
     import plotly.graph_objects as go
@@ -524,9 +534,9 @@ def output_lengths_figure(data: ReportData):
                         subplot_titles=("output tokens per trial: requested and served",
                                         "per request: requested against served" if featured else ""))
     labels = [_trial_label(data, t) for t in trials]
-    fig.add_trace(go.Bar(x=labels, y=[_m(t, "requested_output_tokens") for t in trials], name="requested",
+    fig.add_trace(go.Bar(x=labels, y=[t.measurement.requested_output_tokens for t in trials], name="requested",
                          marker_color="#bbbbbb"), row=1, col=1)
-    fig.add_trace(go.Bar(x=labels, y=[_m(t, "actual_output_tokens") for t in trials], name="served",
+    fig.add_trace(go.Bar(x=labels, y=[t.measurement.actual_output_tokens for t in trials], name="served",
                          marker_color=COLORS["feasible"]), row=1, col=1)
     longest = 1
     for role, t in featured:
@@ -537,7 +547,7 @@ def output_lengths_figure(data: ReportData):
             marker={"color": COLORS["recommended" if "recommended" in role else "default"], "size": 9,
                     "symbol": "circle" if "recommended" in role else "circle-open"},
             name=f"{role} (trial {t.trial_number})",
-            hovertext=[f"request {r.index}: {r.output_tokens}/{r.requested_tokens} tokens, {r.outcome}" for r in rows],
+            hovertext=[f"request {r.index}: {r.output_tokens}/{r.requested_tokens} tokens, {r.outcome.value}" for r in rows],
             hoverinfo="text"), row=1, col=2)
     if featured:
         fig.add_trace(go.Scatter(x=[0, longest], y=[0, longest], mode="lines", name="served = requested",
@@ -565,14 +575,15 @@ def measured_on(data: ReportData) -> list[dict]:
     """Each distinct machine and vLLM version the study's trials were measured on, with their trials."""
     groups: dict[tuple[str, str], list[int]] = {}
     for t in data.trials:
-        if t.hardware and t.state != "infeasible":
+        if t.hardware and t.state is not TrialState.INFEASIBLE:
             groups.setdefault((hardware_line(t.hardware), t.vllm_version), []).append(t.trial_number)
     return [{"hardware": hw, "vllm_version": version, "trials": numbers}
             for (hw, version), numbers in groups.items()]
 
 
 def trace_line(settings: StudySettings, requests: int | None = None) -> str:
-    selection = ", ".join(f"{k}={v}" for k, v in settings.trace_selection.items() if v is not None) or "as recorded"
+    selection = ", ".join(f"{k}={v}" for k, v in settings.trace_selection.to_dict().items()
+                          if v is not None) or "as recorded"
     count = f", {requests} requests" if requests is not None else ""
     return f"{Path(settings.trace_path).name} (sha256 {settings.trace_sha256[:12]}{count}; {selection})"
 
@@ -584,27 +595,27 @@ def recommendation_lines(data: ReportData) -> list[str]:
         machines = "; ".join(f"{m['hardware']}, vLLM {m['vllm_version']}" for m in measured_on(data)) or "no machine"
         return [f"No trial met the {boundary_line(data.boundary)} boundary yet.",
                 f"Trials measured on {machines}, trace {trace_line(settings)}."]
-    t = rec.trial
+    t, m = rec.trial, rec.trial.measurement
     lines = [f"Recommended for the {boundary_line(rec.boundary)} boundary: trial {t.trial_number}.",
              t.serve_command,
              f"Measured on {hardware_line(t.hardware)}, vLLM {t.vllm_version}, trace "
-             f"{trace_line(settings, _m(t, 'requests'))}.",
-             f"Completed {_m(t, 'completed')}/{_m(t, 'requests')} at {t.score['completed_rps']:.3f} req/s, "
-             f"p95 TTFT {_num(_m(t, 'ttft_s', 'p95'))} s, p95 end-to-end {t.score['e2e_p95_s']:.3f} s, "
-             f"{_m(t, 'preemptions')} preemptions."]
+             f"{trace_line(settings, m.requests)}.",
+             f"Completed {m.completed}/{m.requests} at {t.scored.completed_rps:.3f} req/s, "
+             f"p95 TTFT {_num(m.ttft_s.p95)} s, p95 end-to-end {t.scored.e2e_p95_s:.3f} s, "
+             f"{m.preemptions} preemptions."]
     base = rec.baseline
     if base is None:
         lines.append("vLLM's default configuration was not run in this study.")
     elif rec.gain is None:
         lines.append(f"vLLM's default configuration (trial {base.trial_number}) gave no score to compare: "
-                     f"{base.failure_class or ('infeasible' if base.state == 'complete' else base.state)}.")
+                     f"{base.failure_class or ('infeasible' if base.state is TrialState.COMPLETE else base.state)}.")
     elif base.trial_number == t.trial_number:
         lines.append("vLLM's default configuration is itself the recommendation: no trial beat it.")
     else:
         g = rec.gain
         lines.append(f"Against vLLM's default configuration (trial {base.trial_number}): completed throughput "
                      f"x{g['completed_rps_ratio']:.2f}, p95 end-to-end x{g['e2e_p95_ratio']:.2f}"
-                     f"{'' if base.score.get('feasible') else ' (the default broke the boundary)'}.")
+                     f"{'' if base.feasible else ' (the default broke the boundary)'}.")
     return lines
 
 
@@ -614,7 +625,7 @@ def summary(data: ReportData) -> dict:
         "study": data.settings.name, "generated_at": data.generated_at, "model": data.settings.model,
         "boundary": data.boundary.to_dict(), "boundary_text": boundary_line(data.boundary),
         "trace": {"path": data.settings.trace_path, "sha256": data.settings.trace_sha256,
-                  "selection": data.settings.trace_selection},
+                  "selection": data.settings.trace_selection.to_dict()},
         "measured_on": measured_on(data),
         "recommendation": recommendation_dict(data.recommendation, data.settings) if data.recommendation else None,
         "recommendation_text": recommendation_lines(data),
@@ -683,7 +694,7 @@ def render_html(data: ReportData) -> str:
     s = data.settings
     rec_lines = recommendation_lines(data)
     parts = [f"<h1>Study {_e(s.name)}</h1>",
-             f'<p class="meta">model {_e(s.model)} ({_e(s.model_info.get("architecture"))}); search space '
+             f'<p class="meta">model {_e(s.model)} ({_e(s.model_info.architecture)}); search space '
              f"{_e(s.space_name)}, sampler {_e(s.sampler)}; created {_e(s.created_at)}; report generated "
              f"{_e(data.generated_at)}</p>",
              f'<p class="meta">boundary: {_e(boundary_line(data.boundary))}</p>',

@@ -12,7 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from tuner.console import err, fmt, out, print_json, progress_bar
-from tuner.describe import boundary_line, hardware_line
+from tuner.describe import boundary_line
 from tuner.errors import TunerError
 from tuner.study_cli import ArtifactsOption, JsonOption, ServerOption, StorageOption, TokenFileOption
 
@@ -45,31 +45,31 @@ def study_report(
         html.write_text(studies.report_html(name), encoding="utf-8")
         written = html
     if as_json:
-        return print_json({**view["summary"], "html": str(written) if written else None})
-    lines = view["lines"]
+        return print_json({**view.summary, "html": str(written) if written else None})
+    lines = view.lines
     # soft_wrap: a recommendation is read and copied whole, never broken at the terminal's width.
-    out.print(Text(lines[0], style="bold" if view["recommended"] else "red"), highlight=False,
+    out.print(Text(lines[0], style="bold" if view.recommended else "red"), highlight=False,
               soft_wrap=True)
-    if view["recommended"]:
+    if view.recommended:
         out.print(f"  {lines[1]}", highlight=False, soft_wrap=True)
         rest = lines[2:]
     else:
         rest = lines[1:]
     for line in rest:
         out.print(line, highlight=False, soft_wrap=True)
-    base, rec = view["baseline_trial"], view["recommended_trial"]
+    base, rec = view.baseline_trial, view.recommended_trial
     table = Table("", f"vLLM default (trial {base})" if base is not None else "vLLM default",
                   f"recommended (trial {rec})" if rec is not None else "recommended", "change",
                   title="default and recommendation, side by side")
-    for row in view["side_by_side"]:
+    for row in view.side_by_side:
         table.add_row(*row)
     out.print(table)
     # One line per trial rather than a wide table: it reads the same at any terminal width.
     out.print(Text(f"every trial of study {name}", style="bold"))
-    shared = ", ".join(f"{k}={v}" for k, v in view["common_settings"].items())
+    shared = ", ".join(f"{k}={v}" for k, v in view.common_settings.items())
     if shared:
         out.print(f"  all had: {shared}", highlight=False, soft_wrap=True)
-    for r in view["trial_rows"]:
+    for r in view.trial_rows:
         out.print(_trial_line(r), highlight=False, soft_wrap=True)
     if written is not None:
         out.print(f"report written to {written}")
@@ -126,7 +126,7 @@ def _run_dict(run) -> dict:
     record = run.record
     return {"label": run.label, "value": run.value, "served": run.served, "failure_class": run.failure_class,
             "failure": run.failure, "out_dir": str(run.out_dir) if run.out_dir else None,
-            "engine_config": record.engine_config if record else None,
+            "engine_config": record.engine_config.to_dict() if record else None,
             "serve_command": record.serve_command if record else None,
             "trace": record.trace if record else None,
             "measurement": run.measurement.to_dict() if run.measurement else None,
@@ -203,7 +203,7 @@ def compare(
                              on_request_done=lambda _: progress.advance(task), on_run=on_run)
     records = [r.record for r in result.runs if r.record is not None]
     first = records[0]
-    machine = {"hardware": first.hardware, "description": hardware_line(first.hardware),
+    machine = {"hardware": first.hardware.to_dict(), "description": first.hardware.describe(),
                "vllm_version": first.vllm_version}
     summary = {"dimension": variation.name, "kind": variation.kind, "values": list(variation.values),
                "fixed": base.to_dict(), "model": str(model), "boundary": bound.to_dict(),

@@ -165,10 +165,11 @@ def _run_from_row(row) -> ScheduleRun:
 
 
 def _trial_dict(t) -> dict:
-    reason = t.failure_message or t.prune_reason or "; ".join(t.score.get("violations") or []) or None
+    reason = t.failure_message or t.prune_reason or "; ".join(t.score.violations if t.score else []) or None
     return {"number": t.trial_number, "state": t.state, "failure_class": t.failure_class,
-            "completed_rps": t.score.get("completed_rps"), "e2e_p95_s": t.score.get("e2e_p95_s"),
-            "feasible": t.score.get("feasible"), "reason": reason}
+            "completed_rps": t.scored.completed_rps if t.scored else None,
+            "e2e_p95_s": t.scored.e2e_p95_s if t.scored else None,
+            "feasible": t.score.feasible if t.score else None, "reason": reason}
 
 
 @dataclass(frozen=True)
@@ -352,9 +353,9 @@ class ScheduleBook:
         rec = recommend(self.repo, settings, load_optuna_study(study, self.plan))
         if rec is None:
             return numbers, None
-        score = rec.trial.score
-        return numbers, {"trial": rec.trial.trial_number, "completed_rps": score["completed_rps"],
-                         "e2e_p95_s": score["e2e_p95_s"], "serve_command": rec.trial.serve_command,
+        score = rec.trial.scored
+        return numbers, {"trial": rec.trial.trial_number, "completed_rps": score.completed_rps,
+                         "e2e_p95_s": score.e2e_p95_s, "serve_command": rec.trial.serve_command,
                          **recommendation_context(rec, settings)}
 
     def _run(self, name: str, study: str, cron: str, window_s: float, trials: int | None) -> None:

@@ -90,6 +90,8 @@ def parse_limits(items: list[str]) -> dict[str, float | None]:
 
 @dataclass(frozen=True)
 class Score:
+    """How a trial that served did: its objectives, and its distance to each limit of the boundary."""
+
     completed_rps: float
     e2e_p95_s: float
     output_tps: float
@@ -107,6 +109,31 @@ class Score:
 
     def to_dict(self) -> dict:
         return {**asdict(self), "feasible": self.feasible}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Score:
+        """The score `to_dict` gave (`feasible` is computed again, not read)."""
+        return cls(**{f.name: data[f.name] for f in fields(cls)})
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """The verdict on a proposal that the search space's rules refused before launch: never measured, so never
+    scored, and never feasible."""
+
+    violations: list[str]
+
+    @property
+    def feasible(self) -> bool:
+        return False
+
+    def to_dict(self) -> dict:
+        return {"feasible": self.feasible, "violations": self.violations}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Rejection:
+        """The rejection `to_dict` gave."""
+        return cls(data["violations"])
 
 
 def score(measurement: Measurement, bound: Boundary, trace_span_s: float) -> Score:

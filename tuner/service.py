@@ -21,7 +21,8 @@ from pydantic import BaseModel, Field
 from tuner.errors import NotFound, TunerError
 from tuner.runs import RunBook
 from tuner.schedules import ScheduleBook
-from tuner.studies import LocalStudies, NoRecommendation, StudyRequest
+from tuner.studies import (Answer, Enqueued, JsonObject, LocalStudies, NoRecommendation, Number,
+                           RecommendationAnswer, ReportAnswer, StudyCreated, StudyListing, StudyRequest, StudyStatus)
 from tuner.supervisor import STOP_GRACE_S
 
 TOKEN_ENV = "TUNER_API_TOKEN"
@@ -82,6 +83,80 @@ class EnqueueRequest(BaseModel):
     settings: list[str] = Field(min_length=1, description="Engine settings NAME=VALUE, as `tuner study enqueue --set`.")
 
 
+# The answers of the service's own endpoints (the study answers are tuner.studies'), for its OpenAPI document.
+
+
+class Health(Answer):
+    ok: bool
+
+
+class RunProgress(Answer):
+    done: int
+    of: Optional[int] = Field(description="The run's trial cap; None: as many as fit in its window.")
+
+
+class RunAnswer(Answer):
+    """One run as the service reports it: its state, the trials in flight and those finished."""
+
+    id: str
+    study: str
+    trials: Optional[int]
+    started_at: Number
+    state: str = Field(description="running, finished, failed or stopped.")
+    ended_at: Optional[Number]
+    exit_code: Optional[int]
+    error: Optional[str]
+    result: Optional[JsonObject] = Field(description="What `tuner study run --json` printed.")
+    in_flight: list[JsonObject]
+    finished: list[JsonObject]
+    progress: RunProgress
+
+
+class StudyWithRuns(StudyStatus):
+    """The study's status, and the runs this service started for it."""
+
+    runs: list[RunAnswer]
+
+
+class ScheduleRunAnswer(Answer):
+    """One run of a schedule and what it left."""
+
+    id: int
+    schedule: str
+    study: str
+    state: str
+    due_at: str
+    started_at: str
+    window_end: str
+    finished_at: Optional[str]
+    trials: list[JsonObject]
+    best: Optional[JsonObject]
+    previous_best: Optional[JsonObject]
+    stopped_early: Optional[str]
+    error: Optional[str]
+    by_state: dict[str, int]
+    failures: dict[str, int]
+    new_best: bool
+
+
+class ScheduleRunWithSummary(ScheduleRunAnswer):
+    summary: list[str] = Field(description="The morning summary, in words.")
+
+
+class ScheduleAnswer(Answer):
+    name: str
+    study: str
+    cron: str
+    window_s: Number
+    trials: Optional[int]
+    next_run: Optional[str]
+    last_run: Optional[ScheduleRunAnswer]
+
+
+class Removed(Answer):
+    removed: str
+
+
 def build_api(studies: LocalStudies, runs: RunBook, schedules: ScheduleBook, token: str | None) -> FastAPI:
     """The HTTP API over the study answers, the run book and the schedule book."""
     api = FastAPI(title="tuner", description="Auto-tuning of vLLM engine settings, measured on your own traffic.",
@@ -100,33 +175,33 @@ def build_api(studies: LocalStudies, runs: RunBook, schedules: ScheduleBook, tok
         return JSONResponse({"detail": str(exc)}, status_code=404 if isinstance(exc, NotFound) else 400)
 
     @api.get("/healthz", tags=["service"])
-    def healthz() -> dict:
+    def healthz() -> Health:
         return {"ok": True}
 
     guarded = [Depends(authorized)]
 
     @api.get("/studies", tags=["studies"], dependencies=guarded)
-    def list_studies() -> list[dict]:
+    def list_studies() -> list[StudyListing]:
         return studies.list()
 
-    @api.post("/studies", tags=["studies"], status_code=201, dependencies=guarded)
-    def create_study(request: StudyRequest) -> dict:
+    @api.post("/studies", tags=["studies"], status_code=201, dependencies=guarded, response_model_exclude_unset=True)
+    def create_study(request: StudyRequest) -> StudyCreated:
         return studies.create(request)
 
     @api.get("/studies/{name}", tags=["studies"], dependencies=guarded)
-    def study_status(name: str) -> dict:
-        return {**studies.status(name), "runs": runs.list(name)}
+    def study_status(name: str) -> StudyWithRuns:
+        return StudyWithRuns(**studies.status(name).to_dict(), runs=runs.list(name))
 
     @api.get("/studies/{name}/best", tags=["studies"], dependencies=guarded)
-    def study_best(name: str) -> dict:
+    def study_best(name: str) -> RecommendationAnswer:
         return studies.best(name)
 
     @api.post("/studies/{name}/enqueue", tags=["studies"], dependencies=guarded)
-    def study_enqueue(name: str, request: EnqueueRequest) -> dict:
+    def study_enqueue(name: str, request: EnqueueRequest) -> Enqueued:
         return studies.enqueue(name, request.settings)
 
     @api.get("/studies/{name}/report", tags=["studies"], dependencies=guarded)
-    def study_report(name: str) -> dict:
+    def study_report(name: str) -> ReportAnswer:
         return studies.report(name)
 
     @api.get("/studies/{name}/report.html", tags=["studies"], response_class=HTMLResponse, dependencies=guarded)
@@ -139,7 +214,7 @@ def build_api(studies: LocalStudies, runs: RunBook, schedules: ScheduleBook, tok
         return studies.export(name, format, requests)
 
     @api.post("/studies/{name}/runs", tags=["runs"], status_code=202, dependencies=guarded)
-    def start_run(name: str, request: RunRequest) -> dict:
+    def start_run(name: str, request: RunRequest) -> RunAnswer:
         studies.status(name)  # a clear 404 now rather than a failed run later
         if request.timeout_s is not None and request.window_s is not None:
             raise TunerError("give timeout_s or window_s, not both")
@@ -147,43 +222,44 @@ def build_api(studies: LocalStudies, runs: RunBook, schedules: ScheduleBook, tok
                           window_s=request.window_s, prune=request.prune)
 
     @api.get("/runs", tags=["runs"], dependencies=guarded)
-    def list_runs() -> list[dict]:
+    def list_runs() -> list[RunAnswer]:
         return runs.list()
 
     @api.get("/runs/{run_id}", tags=["runs"], dependencies=guarded)
-    def run_status(run_id: str) -> dict:
+    def run_status(run_id: str) -> RunAnswer:
         return runs.get(run_id)
 
     @api.post("/runs/{run_id}/stop", tags=["runs"], dependencies=guarded)
-    def stop_run(run_id: str) -> dict:
+    def stop_run(run_id: str) -> RunAnswer:
         return runs.stop(run_id)
 
     @api.get("/schedules", tags=["schedules"], dependencies=guarded)
-    def list_schedules() -> list[dict]:
+    def list_schedules() -> list[ScheduleAnswer]:
         return [s.to_dict() for s in schedules.list()]
 
     @api.post("/schedules", tags=["schedules"], status_code=201, dependencies=guarded)
-    def add_schedule(request: ScheduleRequest) -> dict:
+    def add_schedule(request: ScheduleRequest) -> ScheduleAnswer:
         from tuner.study import parse_duration
 
         return schedules.add(request.name, study=request.study, cron=request.cron,
                              window_s=parse_duration(request.window), trials=request.trials).to_dict()
 
     @api.get("/schedules/{name}", tags=["schedules"], dependencies=guarded)
-    def show_schedule(name: str) -> dict:
+    def show_schedule(name: str) -> ScheduleAnswer:
         return schedules.get(name).to_dict()
 
     @api.delete("/schedules/{name}", tags=["schedules"], dependencies=guarded)
-    def remove_schedule(name: str) -> dict:
+    def remove_schedule(name: str) -> Removed:
         schedules.remove(name)
         return {"removed": name}
 
     @api.post("/schedules/{name}/run-now", tags=["schedules"], dependencies=guarded)
-    def run_schedule_now(name: str) -> dict:
+    def run_schedule_now(name: str) -> ScheduleAnswer:
         return schedules.run_now(name).to_dict()
 
     @api.get("/schedules/{name}/runs", tags=["schedules"], dependencies=guarded)
-    def schedule_runs(name: str, limit: Annotated[Optional[int], Query(ge=1, le=1000)] = None) -> list[dict]:
+    def schedule_runs(name: str, limit: Annotated[Optional[int], Query(ge=1, le=1000)] = None
+                      ) -> list[ScheduleRunWithSummary]:
         """Its runs, the latest first, each with its morning summary (`summary`, in words)."""
         schedules.get(name)
         return [{**run.to_dict(), "summary": run.lines()} for run in schedules.runs(name, limit)]

@@ -9,7 +9,8 @@ from urllib.parse import quote
 import httpx
 
 from tuner.errors import NotFound, TunerError
-from tuner.studies import NoRecommendation, StudyRequest
+from tuner.studies import (Enqueued, NoRecommendation, RecommendationAnswer, ReportAnswer, StudyCreated,
+                           StudyListing, StudyRequest, StudyStatus)
 
 
 class ServiceClient:
@@ -53,29 +54,30 @@ class RemoteStudies:
     def __init__(self, client: ServiceClient):
         self.client = client
 
-    def create(self, request: StudyRequest) -> dict:
-        return self.client.json("POST", "/studies", json=request.model_dump())
+    def create(self, request: StudyRequest) -> StudyCreated:
+        return StudyCreated.model_validate(self.client.json("POST", "/studies", json=request.model_dump()))
 
-    def list(self) -> list[dict]:
-        return self.client.json("GET", "/studies")
+    def list(self) -> list[StudyListing]:
+        return [StudyListing.model_validate(row) for row in self.client.json("GET", "/studies")]
 
-    def status(self, name: str) -> dict:
+    def status(self, name: str) -> StudyStatus:
         data = self.client.json("GET", f"/studies/{_quote(name)}")
         data.pop("runs", None)
-        return data
+        return StudyStatus.model_validate(data)
 
-    def best(self, name: str) -> dict:
-        return self.client.json("GET", f"/studies/{_quote(name)}/best")
+    def best(self, name: str) -> RecommendationAnswer:
+        return RecommendationAnswer.model_validate(self.client.json("GET", f"/studies/{_quote(name)}/best"))
 
-    def enqueue(self, name: str, assignments: list[str]) -> dict:
-        return self.client.json("POST", f"/studies/{_quote(name)}/enqueue", json={"settings": assignments})
+    def enqueue(self, name: str, assignments: list[str]) -> Enqueued:
+        return Enqueued.model_validate(self.client.json("POST", f"/studies/{_quote(name)}/enqueue",
+                                                        json={"settings": assignments}))
 
     def export(self, name: str, format: str, requests: bool) -> str:
         return self.client.call("GET", f"/studies/{_quote(name)}/export",
                                 params={"format": format, "requests": requests}).text
 
-    def report(self, name: str) -> dict:
-        return self.client.json("GET", f"/studies/{_quote(name)}/report")
+    def report(self, name: str) -> ReportAnswer:
+        return ReportAnswer.model_validate(self.client.json("GET", f"/studies/{_quote(name)}/report"))
 
     def report_html(self, name: str) -> str:
         return self.client.call("GET", f"/studies/{_quote(name)}/report.html").text

@@ -8,9 +8,9 @@ import csv
 import io
 import json
 from pathlib import Path
-from typing import Optional, Protocol
+from typing import Any, Optional, Protocol
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from tuner.describe import recommendation_context, recommendation_dict
 from tuner.errors import TunerError
@@ -42,14 +42,149 @@ class StudyRequest(BaseModel):
     startup_timeout_s: float = 600.0
 
 
+# The answers' shapes, declared for the service's OpenAPI document. An answer may carry more than is declared
+# (extra="allow"); numbers are kept as given (an int stays an int in the JSON).
+Number = float | int
+JsonObject = dict[str, Any]
+
+
+class Answer(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    def to_dict(self) -> dict:
+        """The answer as JSON-ready data, exactly the keys it was given (what `--json` prints)."""
+        return self.model_dump(by_alias=True, exclude_unset=True)
+
+
+class StudyListing(Answer):
+    """One study in the list."""
+
+    name: str
+    created_at: str
+    boundary: str
+    space: str
+    trace: str = Field(description="The trace file's name.")
+    trials: int
+    feasible: int = Field(description="Trials that met the boundary.")
+
+
+class WarmStartAnswer(Answer):
+    """The configurations carried over from an earlier study."""
+
+    from_: str = Field(alias="from")
+    trials: list[int]
+    configs: list[JsonObject]
+    skipped: list[str]
+
+
+class StudyCreated(Answer):
+    """The study's settings as stored, where it is stored, and its warm start when one was asked for."""
+
+    name: str
+    created_at: str
+    model: str
+    model_info: JsonObject
+    trace_path: str
+    trace_sha256: str
+    trace_selection: JsonObject
+    boundary: str
+    limits: dict[str, Optional[Number]]
+    space_name: str
+    space_text: str
+    sampler: str
+    seed: Optional[int]
+    request_timeout_s: Number
+    startup_timeout_s: Number
+    extra: JsonObject
+    storage: str
+    warm_start: Optional[WarmStartAnswer] = Field(None, description="Only when a warm start was asked for.")
+
+
+class StatedContext(Answer):
+    """What every stated recommendation carries: its boundary, the machine, vLLM and the trace."""
+
+    boundary: JsonObject
+    boundary_text: str
+    hardware: JsonObject
+    measured_on: str
+    vllm_version: str
+    trace: JsonObject
+
+
+class TrialScore(Answer):
+    trial: int
+    completed_rps: Number
+    e2e_p95_s: Number
+    output_tps: Number
+    completion_ratio: Number
+    constraints: dict[str, Number]
+    violations: list[str]
+    feasible: bool
+    serve_command: str
+
+
+# Pydantic orders fields from the last base to the first, then the class's own: the keys come out in the order
+# the answers have always had.
+class BestSoFar(StatedContext, TrialScore):
+    """The recommendation so far, with its score."""
+
+
+class StudyStatus(Answer):
+    """Trials by state, the trials in flight and waiting, and the best so far."""
+
+    name: str
+    boundary: str
+    trials: int
+    by_state: dict[str, int]
+    running: list[int]
+    waiting: list[int]
+    best: Optional[BestSoFar]
+
+
+class RecommendedConfig(Answer):
+    study: str
+    trial: int
+    serve_command: str
+    engine_config: JsonObject
+
+
+class RecommendationAnswer(StatedContext, RecommendedConfig):
+    """The recommended configuration: its command, boundary, machine, vLLM, trace, and gain over vLLM's default."""
+
+    score: JsonObject
+    measurement: JsonObject
+    baseline: Optional[JsonObject]
+    gain: Optional[dict[str, Number]]
+
+
+class Enqueued(Answer):
+    study: str
+    engine_config: JsonObject
+
+
+class ReportAnswer(Answer):
+    """The report's text parts and its summary (what `tuner study report --json` prints)."""
+
+    summary: JsonObject
+    recommended: bool
+    lines: list[str]
+    side_by_side: list[list[str]]
+    baseline_trial: Optional[int]
+    recommended_trial: Optional[int]
+    common_settings: JsonObject
+    trial_rows: list[JsonObject]
+
+
 class Studies(Protocol):
-    def create(self, request: StudyRequest) -> dict: ...
-    def list(self) -> list[dict]: ...
-    def status(self, name: str) -> dict: ...
-    def best(self, name: str) -> dict: ...
-    def enqueue(self, name: str, assignments: list[str]) -> dict: ...
+    """The study commands' answers, the same whether read here or asked of a service."""
+
+    def create(self, request: StudyRequest) -> StudyCreated: ...
+    def list(self) -> list[StudyListing]: ...
+    def status(self, name: str) -> StudyStatus: ...
+    def best(self, name: str) -> RecommendationAnswer: ...
+    def enqueue(self, name: str, assignments: list[str]) -> Enqueued: ...
     def export(self, name: str, format: str, requests: bool) -> str: ...
-    def report(self, name: str) -> dict: ...
+    def report(self, name: str) -> ReportAnswer: ...
     def report_html(self, name: str) -> str: ...
 
 
@@ -70,7 +205,7 @@ class LocalStudies:
         repo = self.plan.repository()
         return repo, repo.get_study(name), load_optuna_study(name, self.plan)
 
-    def create(self, request: StudyRequest) -> dict:
+    def create(self, request: StudyRequest) -> StudyCreated:
         from tuner.storage.urls import redact_url
         from tuner.models import default_model
         from tuner.traces.selection import TraceSelection
@@ -90,23 +225,23 @@ class LocalStudies:
             space=request.space, boundary_name=request.boundary, limits=parse_limits(request.limits),
             plan=self.plan, sampler=request.sampler, seed=request.seed,
             request_timeout_s=request.request_timeout_s, startup_timeout_s=request.startup_timeout_s)
-        created = {**settings.__dict__, "storage": redact_url(self.plan.url)}
+        created = {**settings.to_dict(), "storage": redact_url(self.plan.url)}
         if request.warm_from is not None or request.trace_latest is not None:
             carried = warm_start(request.name, self.plan, request.warm_from)
             created["warm_start"] = carried.to_dict() if carried else None
-        return created
+        return StudyCreated.model_validate(created)
 
-    def list(self) -> list[dict]:
+    def list(self) -> list[StudyListing]:
         repo = self.plan.repository()
         rows = []
         for s in repo.list_studies():
             trials = repo.trials(s.name)
-            rows.append({"name": s.name, "created_at": s.created_at, "boundary": s.boundary, "space": s.space_name,
-                         "trace": Path(s.trace_path).name, "trials": len(trials),
-                         "feasible": sum(t.state == "complete" and bool(t.score.get("feasible")) for t in trials)})
+            rows.append(StudyListing(name=s.name, created_at=s.created_at, boundary=s.boundary, space=s.space_name,
+                                     trace=Path(s.trace_path).name, trials=len(trials),
+                                     feasible=sum(t.feasible for t in trials)))
         return rows
 
-    def status(self, name: str) -> dict:
+    def status(self, name: str) -> StudyStatus:
         from optuna.trial import TrialState
 
         from tuner.study import recommend
@@ -119,28 +254,28 @@ class LocalStudies:
         running = [t.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))]
         waiting = [t.number for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,))]
         rec = recommend(repo, settings, study)
-        return {"name": name, "boundary": settings.boundary, "trials": len(stored), "by_state": states,
-                "running": running, "waiting": waiting,
-                "best": {"trial": rec.trial.trial_number, **rec.trial.score,
-                         "serve_command": rec.trial.serve_command,
-                         **recommendation_context(rec, settings)} if rec else None}
+        return StudyStatus.model_validate({
+            "name": name, "boundary": settings.boundary, "trials": len(stored), "by_state": states,
+            "running": running, "waiting": waiting,
+            "best": {"trial": rec.trial.trial_number, **rec.trial.scored.to_dict(), "serve_command": rec.trial.serve_command,
+                     **recommendation_context(rec, settings)} if rec else None})
 
-    def best(self, name: str) -> dict:
+    def best(self, name: str) -> RecommendationAnswer:
         from tuner.study import recommend
 
         repo, settings, study = self._open(name)
         rec = recommend(repo, settings, study)
         if rec is None:
             raise NoRecommendation(f"study {name}: no trial met the {settings.boundary} boundary yet")
-        return recommendation_dict(rec, settings)
+        return RecommendationAnswer.model_validate(recommendation_dict(rec, settings))
 
-    def enqueue(self, name: str, assignments: list[str]) -> dict:
+    def enqueue(self, name: str, assignments: list[str]) -> Enqueued:
         from tuner.study import enqueue_config
         from tuner.workers.engine_config import EngineConfig
 
         config = EngineConfig.from_assignments(assignments)
         enqueue_config(name, self.plan, config)
-        return {"study": name, "engine_config": config.to_dict()}
+        return Enqueued(study=name, engine_config=config.to_dict())
 
     def export(self, name: str, format: str, requests: bool) -> str:
         from tuner.study import recommend
@@ -153,40 +288,39 @@ class LocalStudies:
         if format == "json":
             rows = []
             for t in trials:
-                row = {**{k: v for k, v in t.__dict__.items() if k != "id"}, "pareto": t.trial_number in pareto}
+                row = {**t.to_dict(), "pareto": t.trial_number in pareto}
                 if requests:
-                    row["requests"] = [r.__dict__ for r in repo.requests(name, t.trial_number)]
+                    row["requests"] = [r.to_dict() for r in repo.requests(name, t.trial_number)]
                 rows.append(row)
             rec = recommend(repo, settings, study)
-            return json.dumps({"study": settings.__dict__,
+            return json.dumps({"study": settings.to_dict(),
                                "recommendation": recommendation_dict(rec, settings) if rec else None,
                                "trials": rows}, indent=2, default=str) + "\n"
         buffer = io.StringIO()
         writer = csv.DictWriter(buffer, fieldnames=CSV_FIELDS)
         writer.writeheader()
         for t in trials:
-            m = t.measurement or {}
-            writer.writerow({"trial_number": t.trial_number, "attempt": t.attempt, "state": t.state,
-                             "pareto": t.trial_number in pareto, "failure_class": t.failure_class,
-                             "completed": m.get("completed"), "requests": m.get("requests"),
-                             "completed_rps": m.get("completed_rps"), "output_tps": m.get("output_tps"),
-                             "ttft_p95_s": (m.get("ttft_s") or {}).get("p95"),
-                             "e2e_p95_s": (m.get("e2e_s") or {}).get("p95"), "preemptions": m.get("preemptions"),
-                             "feasible": t.score.get("feasible"), "serve_command": t.serve_command})
+            m = t.measurement
+            measured = {"completed": m.completed, "requests": m.requests, "completed_rps": m.completed_rps,
+                        "output_tps": m.output_tps, "ttft_p95_s": m.ttft_s.p95, "e2e_p95_s": m.e2e_s.p95,
+                        "preemptions": m.preemptions} if m else {}
+            writer.writerow({"trial_number": t.trial_number, "attempt": t.attempt, "state": t.state.value,
+                             "pareto": t.trial_number in pareto, "failure_class": t.failure_class, **measured,
+                             "feasible": t.score.feasible if t.score else None, "serve_command": t.serve_command})
         return buffer.getvalue()
 
-    def report(self, name: str) -> dict:
+    def report(self, name: str) -> ReportAnswer:
         """The report's text parts and its summary; `report_html` is the page with the plots."""
         from tuner.report import collect_report, common_settings, recommendation_lines, side_by_side, summary, \
             trial_rows
 
         data = collect_report(name, self.plan)
         base, rec = data.baseline, data.recommended
-        return {"summary": summary(data), "recommended": data.recommendation is not None,
-                "lines": recommendation_lines(data), "side_by_side": [list(row) for row in side_by_side(data)],
-                "baseline_trial": base.trial_number if base else None,
-                "recommended_trial": rec.trial_number if rec else None,
-                "common_settings": common_settings(data), "trial_rows": trial_rows(data)}
+        return ReportAnswer(summary=summary(data), recommended=data.recommendation is not None,
+                            lines=recommendation_lines(data), side_by_side=[list(row) for row in side_by_side(data)],
+                            baseline_trial=base.trial_number if base else None,
+                            recommended_trial=rec.trial_number if rec else None,
+                            common_settings=common_settings(data), trial_rows=trial_rows(data))
 
     def report_html(self, name: str) -> str:
         from tuner.report import collect_report, render_html

@@ -24,12 +24,13 @@ import optuna
 import ray
 from optuna.exceptions import StorageInternalError
 from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback, fail_stale_trials
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import FrozenTrial
+from optuna.trial import TrialState as OptunaState
 from sqlalchemy.exc import OperationalError
 
 from tuner.search_spaces import PREDICTED_KV_INSUFFICIENT, SearchSpace, SpaceContext, load_space, parse_space
 from tuner.search_spaces.derive import AUTO_SPACE, derive_space
-from tuner.storage import DatabaseUnreachable, Repository, StoredRequest, StoredTrial, StudySettings
+from tuner.storage import DatabaseUnreachable, Repository, StoredTrial, StudyModel, StudySettings, TrialState
 from tuner.storage.artifacts import attach_trial_artifacts
 from tuner.storage.urls import default_artifact_dir, default_storage_url
 from tuner.bottleneck import measurement_attrs
@@ -40,7 +41,7 @@ from tuner.kv_budget import (DeviceMemory, KvPrediction, ModelMemory, estimate_k
 from tuner.models import ModelInfo, inspect_model
 from tuner.pruning import BoundaryWatch
 from tuner.samplers import DEFAULT_SAMPLER, make_sampler
-from tuner.scoring import DIRECTIONS, OBJECTIVE_NAMES, Boundary, Score, boundary, score
+from tuner.scoring import DIRECTIONS, OBJECTIVE_NAMES, Boundary, Rejection, Score, boundary, score
 from tuner.traces.records import Trace
 from tuner.traces.selection import TraceSelection, fit_trace, load_trace
 from tuner.traces.stats import trace_stats
@@ -59,7 +60,6 @@ RERUN_ATTR = "rerun_of"  # a configuration re-run because its worker was lost or
 WARM_START_ATTR = "warm_start_from"  # a configuration carried over from an earlier study
 KV_PREDICTION_ATTR = "kv_prediction"  # a launched trial's estimated KV cache (KvPrediction.to_dict())...
 KV_LOGGED_ATTR = "kv_logged_tokens"  # ...and the size vLLM then logged, beside its state and failure class
-MODEL_MEMORY_KEY = "memory"  # the model's sizes (ModelMemory's fields) in a study's stored model_info
 WINDOW_END = "stopped at the window's end"
 NO_TIME_LEFT = "no time left in the window for another trial"
 # Proposals rejected before launch cost no trial of a run's budget, up to this many in a row (a space whose
@@ -123,13 +123,6 @@ class StudyContext:
     space_context: SpaceContext
 
 
-def _selection(settings: StudySettings) -> TraceSelection:
-    data = dict(settings.trace_selection)
-    if data.get("window_s") is not None:
-        data["window_s"] = tuple(data["window_s"])
-    return TraceSelection(**data)
-
-
 def _stored_space(settings: StudySettings) -> SearchSpace:
     """The space exactly as stored with the study (the file it came from may have changed since). Parsed from
     the stored text, never through a shared scratch file: drivers starting at once would read half-written ones."""
@@ -137,7 +130,8 @@ def _stored_space(settings: StudySettings) -> SearchSpace:
 
 
 def study_context(settings: StudySettings, plan: StoragePlan) -> StudyContext:
-    selection = _selection(settings)
+    """The stored study made ready to run; TunerError if its trace file changed since it was created."""
+    selection = settings.trace_selection
     trace = load_trace(settings.trace_path, selection)
     if trace.sha256 != settings.trace_sha256:
         raise TunerError(f"{settings.trace_path} changed since study {settings.name!r} was created "
@@ -145,8 +139,7 @@ def study_context(settings: StudySettings, plan: StoragePlan) -> StudyContext:
     space = _stored_space(settings)
     # The model's sizes as stored at creation (no transformers import per run); a study created before they
     # were stored reads them from the folder.
-    stored = settings.model_info.get(MODEL_MEMORY_KEY)
-    memory = ModelMemory(**stored) if stored else read_model_memory(settings.model)
+    memory = settings.model_info.memory or read_model_memory(settings.model)
     return StudyContext(settings, space, boundary(settings.boundary, settings.limits), selection, trace,
                         machine_space_context(inspect_model(settings.model), memory, trace, selection.fit))
 
@@ -184,10 +177,8 @@ def create_study(name: str, *, model: str | Path, trace_path: str | Path, select
     settings = StudySettings(
         name=name, created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         model=str(Path(model).resolve()),
-        model_info={"architecture": info.architecture, "vocab_size": info.vocab_size,
-                    "max_position_embeddings": info.max_position_embeddings,
-                    "kv_bytes_per_token": info.kv_bytes_per_token, MODEL_MEMORY_KEY: dataclasses.asdict(memory)},
-        trace_path=str(Path(trace_path).resolve()), trace_sha256=trace.sha256, trace_selection=selection.to_dict(),
+        model_info=StudyModel.of(info, memory),
+        trace_path=str(Path(trace_path).resolve()), trace_sha256=trace.sha256, trace_selection=selection,
         boundary=bound.name, limits=limits, space_name=loaded_space.name, space_text=loaded_space.text,
         sampler=sampler, seed=seed, request_timeout_s=request_timeout_s, startup_timeout_s=startup_timeout_s)
     repo.save_study(settings)
@@ -205,18 +196,93 @@ class TrialSummary:
     """What a study run says about one trial as it ends (for progress lines and tests)."""
 
     number: int
-    state: str  # complete, failed, pruned, infeasible, worker_lost, stopped
+    state: TrialState  # any but interrupted
     baseline: bool
     config: EngineConfig
     score: Score | None = None
     failure_class: str | None = None
     reason: str | None = None  # failure message, prune reason or infeasibility
 
+    def to_dict(self) -> dict:
+        """JSON-ready: what `tuner study run --json` and the run's events file hold for the trial."""
+        return {"number": self.number, "state": self.state.value, "baseline": self.baseline,
+                "config": self.config.to_dict(), "score": self.score.to_dict() if self.score else None,
+                "failure_class": self.failure_class, "reason": self.reason}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> TrialSummary:
+        """The summary `to_dict` gave (as the service sends a run's progress)."""
+        return cls(data["number"], TrialState(data["state"]), data["baseline"], EngineConfig.from_dict(data["config"]),
+                   Score.from_dict(data["score"]) if data["score"] else None, data["failure_class"], data["reason"])
+
 
 @dataclass
 class RunReport:
+    """What a run did: every trial it ended, and why it stopped before its budget if it did."""
+
     trials: list[TrialSummary] = field(default_factory=list)
     stopped_early: str | None = None  # why fewer trials ran than asked
+
+    def to_dict(self) -> dict:
+        """JSON-ready: what `tuner study run --json` prints."""
+        return {"trials": [t.to_dict() for t in self.trials], "stopped_early": self.stopped_early}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> RunReport:
+        """The report `to_dict` gave (as a run on the service hands it back)."""
+        return cls([TrialSummary.from_dict(t) for t in data["trials"]], data["stopped_early"])
+
+
+# What a run tells its caller as it goes (`StudyRunner(on_event=...)`): one record per kind of event.
+
+
+@dataclass(frozen=True)
+class PoolReady:
+    """The workers are up; no trial is in flight yet."""
+
+    slots: int
+    pool: WorkerPool
+
+
+@dataclass(frozen=True)
+class TrialStarted:
+    """A trial was asked of Optuna and is about to be checked and launched on a slot."""
+
+    number: int
+    baseline: bool
+    config: EngineConfig
+    slot: int
+    at: float  # time.time()
+
+    def to_dict(self) -> dict:
+        """JSON-ready, as the run's events file holds it."""
+        return {"number": self.number, "baseline": self.baseline, "config": self.config.to_dict(),
+                "slot": self.slot, "at": self.at}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> TrialStarted:
+        """The event `to_dict` gave (other keys, such as the events file's `kind`, are left out)."""
+        return cls(data["number"], data["baseline"], EngineConfig.from_dict(data["config"]), data["slot"], data["at"])
+
+
+@dataclass(frozen=True)
+class WorkerDone:
+    """A worker handed back a trial's result (before it is scored and stored)."""
+
+    number: int
+    slot: int
+    node: str
+    scheduling_s: float | None  # from the slot freeing to this trial's engine launch; None for a slot's first
+
+
+@dataclass(frozen=True)
+class TrialDone:
+    """A trial ended and was stored, whatever its state."""
+
+    summary: TrialSummary
+
+
+RunEvent = PoolReady | TrialStarted | WorkerDone | TrialDone
 
 
 class _Heartbeat:
@@ -275,8 +341,8 @@ def _expected_trial_s(repo: Repository, settings: StudySettings, trace_span_s: f
     failed fast says little); before any, of other studies' on the same model; before any, the trace's span,
     which no trial can take less than."""
     def served(name: str) -> list[float]:
-        return [t.timings["total_s"] for t in repo.trials(name)
-                if t.state in ("complete", "pruned") and t.timings.get("total_s")]
+        return [t.timings.total_s for t in repo.trials(name)
+                if t.state in (TrialState.COMPLETE, TrialState.PRUNED) and t.timings and t.timings.total_s]
 
     totals = served(settings.name) or [s for other in repo.list_studies() if other.name != settings.name
                                        and other.model == settings.model for s in served(other.name)]
@@ -300,7 +366,7 @@ class StudyRunner:
     score, store, tell, and ask again as soon as a slot frees."""
 
     def __init__(self, name: str, plan: StoragePlan, *, prune: bool = True, parallel: int | None = None,
-                 ray_address: str | None = None, on_event: Callable[[str, dict], None] | None = None):
+                 ray_address: str | None = None, on_event: Callable[[RunEvent], None] | None = None):
         self.plan = plan
         self.repo = plan.repository()
         self.settings = self.repo.get_study(name)
@@ -311,7 +377,7 @@ class StudyRunner:
         self.prune = prune
         self.parallel = parallel
         self.ray_address = ray_address
-        self._emit = on_event or (lambda kind, data: None)
+        self._emit = on_event or (lambda event: None)
         self._stop_reason: str | None = None
 
     def stop(self, reason: str) -> None:
@@ -342,7 +408,7 @@ class StudyRunner:
         hardware = detect_hardware()
         with WorkerPool(self.parallel, ray_address=self.ray_address, tensor_parallel_size=tp,
                         local_gpus=hardware.gpu_count) as pool:
-            self._emit("pool_ready", {"slots": len(pool.slots), "pool": pool})
+            self._emit(PoolReady(len(pool.slots), pool))
             free = [slot.index for slot in pool.slots]
             freed_at: dict[int, float] = {}
             in_flight: dict[ray.ObjectRef, _InFlight] = {}
@@ -392,8 +458,7 @@ class StudyRunner:
                         # Scheduling overhead: from the slot freeing to the launch of this trial's engine.
                         launched, freed = result.outcome.launched_at, job.slot_freed_at
                         waited = None if launched is None or freed is None else launched - freed
-                        self._emit("worker_done", {"number": job.trial.number, "slot": job.slot,
-                                                   "node": result.node, "scheduling_s": waited})
+                        self._emit(WorkerDone(job.trial.number, job.slot, result.node, waited))
                         report.trials.append(self._finish(job, result))
                     finally:
                         job.beat.stop()
@@ -417,7 +482,7 @@ class StudyRunner:
             except WorkerLost:
                 pool.bring_back_files(job.slot)
                 job.trial.set_user_attr("stop_reason", reason)
-                report.trials.append(self._not_finished(job, "stopped", reason))
+                report.trials.append(self._not_finished(job, TrialState.STOPPED, reason))
             finally:
                 job.beat.stop()
                 del in_flight[ref]
@@ -432,8 +497,7 @@ class StudyRunner:
         number = trial.number
         trial.set_user_attr("engine_config", config.to_dict())
         trial.set_user_attr("serve_command", config.serve_command(self.settings.model))
-        self._emit("trial_started", {"number": number, "baseline": baseline, "config": config.to_dict(),
-                                     "slot": slot, "at": time.time()})
+        self._emit(TrialStarted(number, baseline, config, slot, time.time()))
         violations = self.ctx.space.violations(config, self.ctx.space_context)
         if violations:
             return self._infeasible(trial, config, baseline, violations)
@@ -475,47 +539,48 @@ class StudyRunner:
         attach_trial_artifacts(self.study, job.trial, [out_dir / name for name in ARTIFACTS], self.plan.artifact_dir)
         return self._conclude(job.trial, job.config, job.baseline, outcome, job.trace)
 
-    def _not_measured(self, trial: optuna.Trial | FrozenTrial, config: EngineConfig, state: str, score: dict,
-                      failure_class: str | None = None, message: str | None = None,
-                      started_at: str | None = None) -> None:
+    def _not_measured(self, trial: optuna.Trial | FrozenTrial, config: EngineConfig, state: TrialState,
+                      rejection: Rejection | None = None, failure_class: str | None = None,
+                      message: str | None = None, started_at: str | None = None) -> None:
         now = datetime.now(timezone.utc).isoformat(timespec="seconds")
         self.repo.save_trial(StoredTrial(
             study_name=self.settings.name, trial_number=trial.number, attempt=_attempt(self.study, trial),
-            state=state, engine_config=config.to_dict(), serve_command=config.serve_command(self.settings.model),
+            state=state, engine_config=config, serve_command=config.serve_command(self.settings.model),
             measurement=None, failure_class=failure_class, failure_message=message, log_excerpt=None,
-            estimated_max_model_len=None, exit_code=None, timings={}, hardware=detect_hardware().to_dict(),
-            vllm_version="", started_at=started_at or now, finished_at=now, score=score, prune_reason=None), [])
+            estimated_max_model_len=None, exit_code=None, timings=None, hardware=detect_hardware(),
+            vllm_version="", started_at=started_at or now, finished_at=now, score=rejection, prune_reason=None), [])
 
     def _record_interrupted(self) -> None:
         """Trials whose driver died mid-trial (failed by their stale heartbeat) into the project's tables, so that
         export and reports hold every trial; their configurations run again from the queue."""
         recorded = {t.trial_number for t in self.repo.trials(self.settings.name)}
-        for frozen in self.study.get_trials(deepcopy=False, states=(TrialState.FAIL,)):
+        for frozen in self.study.get_trials(deepcopy=False, states=(OptunaState.FAIL,)):
             if frozen.number in recorded or "engine_config" not in frozen.user_attrs:
                 continue
             config = EngineConfig.from_dict(frozen.user_attrs["engine_config"])
-            self._not_measured(frozen, config, "interrupted", {}, message="its driver stopped before the trial "
-                               "finished (no heartbeat); the configuration is run again")
+            self._not_measured(frozen, config, TrialState.INTERRUPTED, message="its driver stopped before the "
+                               "trial finished (no heartbeat); the configuration is run again")
 
     def _lost(self, job: _InFlight, exc: Exception) -> TrialSummary:
         """The worker (or its node) died mid-trial: not the configuration's fault, so it is run once more."""
         job.trial.set_user_attr("failure_class", "worker_lost")
-        return self._not_finished(job, "worker_lost", f"the worker running this trial was lost: "
-                                                      f"{exc.__class__.__name__}", "worker_lost")
+        return self._not_finished(job, TrialState.WORKER_LOST, f"the worker running this trial was lost: "
+                                                               f"{exc.__class__.__name__}", "worker_lost")
 
-    def _not_finished(self, job: _InFlight, state: str, message: str,
+    def _not_finished(self, job: _InFlight, state: TrialState, message: str,
                       failure_class: str | None = None) -> TrialSummary:
         """Ended by something other than its configuration (a lost worker, a stopped run): nothing measured,
         failed for Optuna (no sampler learns from it), and its configuration queued to run once more, first."""
         trial = job.trial
-        self._not_measured(trial, job.config, state, {}, failure_class, message, started_at=job.started_at)
-        self.study.tell(trial, state=TrialState.FAIL)
+        self._not_measured(trial, job.config, state, failure_class=failure_class, message=message,
+                           started_at=job.started_at)
+        self.study.tell(trial, state=OptunaState.FAIL)
         if not trial.user_attrs.get(RERUN_ATTR):
             attrs = {RERUN_ATTR: trial.number, **({BASELINE_ATTR: True} if job.baseline else {})}
             self.study.enqueue_trial(dict(trial.params), user_attrs=attrs, skip_if_exists=False)
         summary = TrialSummary(trial.number, state, job.baseline, job.config, failure_class=failure_class,
                                reason=message)
-        self._emit("trial_done", {"summary": summary})
+        self._emit(TrialDone(summary))
         return summary
 
     def _infeasible(self, trial: optuna.Trial, config: EngineConfig, baseline: bool,
@@ -528,14 +593,14 @@ class StudyRunner:
         if predicted is not None:
             trial.set_user_attr("failure_class", predicted)
         trial.set_constraint("search_space_rules", float(len(violations)))
-        self._not_measured(trial, config, "infeasible", {"feasible": False, "violations": violations},
-                           failure_class=predicted, message="; ".join(violations) if predicted else None)
+        self._not_measured(trial, config, TrialState.INFEASIBLE, Rejection(violations), failure_class=predicted,
+                           message="; ".join(violations) if predicted else None)
         # Objective values are required with a completed trial; these are the worst possible and marked so.
         trial.set_user_attr("objective_values", "not measured: rejected before launch")
         self.study.tell(trial, [0.0, self.settings.request_timeout_s])
-        summary = TrialSummary(trial.number, "infeasible", baseline, config, failure_class=predicted,
+        summary = TrialSummary(trial.number, TrialState.INFEASIBLE, baseline, config, failure_class=predicted,
                                reason="; ".join(violations))
-        self._emit("trial_done", {"summary": summary})
+        self._emit(TrialDone(summary))
         return summary
 
     def _conclude(self, trial: optuna.Trial, config: EngineConfig, baseline: bool, outcome: TrialOutcome,
@@ -545,19 +610,19 @@ class StudyRunner:
         scored: Score | None = None
         failure_class = reason = None
         if record.failure is not None:
-            state, failure_class, reason = "failed", record.failure.kind.value, record.failure.message
+            state, failure_class, reason = TrialState.FAILED, record.failure.kind.value, record.failure.message
             trial.set_user_attr("failure_class", failure_class)
             trial.set_user_attr("failure_message", reason[:500])
             if record.failure.estimated_max_model_len is not None:
                 trial.set_user_attr("estimated_max_model_len", record.failure.estimated_max_model_len)
         elif record.stop_reason is not None:
-            state, reason = "pruned", record.stop_reason
+            state, reason = TrialState.PRUNED, record.stop_reason
             trial.set_user_attr("prune_reason", reason)
         elif m is None or m.e2e_s.p95 is None:
-            state, failure_class, reason = "failed", "no_request_finished", "no request finished"
+            state, failure_class, reason = TrialState.FAILED, "no_request_finished", "no request finished"
             trial.set_user_attr("failure_class", failure_class)
         else:
-            state = "complete"
+            state = TrialState.COMPLETE
             scored = score(m, self.ctx.boundary, trace.span_s)
             for key, value in scored.constraints.items():
                 trial.set_constraint(key, value)
@@ -577,15 +642,15 @@ class StudyRunner:
                 trial.set_user_attr(KV_LOGGED_ATTR, logged)
         stored = StoredTrial.from_record(
             self.settings.name, trial.number, record, state=state, attempt=_attempt(self.study, trial),
-            score=scored.to_dict() if scored else {}, prune_reason=record.stop_reason,
+            score=scored, prune_reason=record.stop_reason,
             finished_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
-        self.repo.save_trial(stored, [StoredRequest.from_record(r) for r in outcome.requests])
-        if state == "complete":
+        self.repo.save_trial(stored, outcome.requests)
+        if scored is not None:
             self.study.tell(trial, list(scored.objectives))
         else:
-            self.study.tell(trial, state=TrialState.PRUNED if state == "pruned" else TrialState.FAIL)
+            self.study.tell(trial, state=OptunaState.PRUNED if state is TrialState.PRUNED else OptunaState.FAIL)
         summary = TrialSummary(trial.number, state, baseline, config, scored, failure_class, reason)
-        self._emit("trial_done", {"summary": summary})
+        self._emit(TrialDone(summary))
         return summary
 
 
@@ -617,38 +682,41 @@ THROUGHPUT_TIE = 0.01
 
 @dataclass(frozen=True)
 class Recommendation:
-    trial: StoredTrial
+    """The configuration a study recommends under its boundary, and vLLM's default one to compare it with."""
+
+    trial: StoredTrial  # feasible: complete and scored
     boundary: Boundary
     baseline: StoredTrial | None  # vLLM's default configuration, as run first
 
     @property
     def gain(self) -> dict[str, float] | None:
         """Throughput and p95 of the recommendation over the baseline's, when the baseline was scored."""
-        if self.baseline is None or not self.baseline.score.get("completed_rps"):
+        base = self.baseline.scored if self.baseline is not None else None
+        if base is None or not base.completed_rps:
             return None
-        rec, base = self.trial.score, self.baseline.score
-        return {"completed_rps_ratio": rec["completed_rps"] / base["completed_rps"],
-                "e2e_p95_ratio": rec["e2e_p95_s"] / base["e2e_p95_s"] if base.get("e2e_p95_s") else math.nan}
+        rec = self.trial.scored
+        return {"completed_rps_ratio": rec.completed_rps / base.completed_rps,
+                "e2e_p95_ratio": rec.e2e_p95_s / base.e2e_p95_s if base.e2e_p95_s else math.nan}
 
 
 def find_baseline(trials: list[StoredTrial], optuna_study: optuna.Study) -> StoredTrial | None:
     """vLLM's default configuration as run in the study: its completed run if any, else its first try."""
     numbers = {t.number for t in optuna_study.get_trials(deepcopy=False) if t.user_attrs.get(BASELINE_ATTR)}
     baselines = [t for t in trials if t.trial_number in numbers]
-    return next((t for t in baselines if t.state == "complete"), baselines[0] if baselines else None)
+    return next((t for t in baselines if t.state is TrialState.COMPLETE), baselines[0] if baselines else None)
 
 
 def recommend(repo: Repository, settings: StudySettings, optuna_study: optuna.Study) -> Recommendation | None:
     """The feasible trial with the highest completed throughput (near-ties to the lower p95 latency)."""
     trials = repo.trials(settings.name)
-    feasible = [t for t in trials if t.state == "complete" and t.score.get("feasible")]
+    feasible = [t for t in trials if t.feasible]
     baseline = find_baseline(trials, optuna_study)
     bound = boundary(settings.boundary, settings.limits)
     if not feasible:
         return None
-    top = max(t.score["completed_rps"] for t in feasible)
-    contenders = [t for t in feasible if t.score["completed_rps"] >= top * (1 - THROUGHPUT_TIE)]
-    best = min(contenders, key=lambda t: (t.score["e2e_p95_s"], -t.score["completed_rps"]))
+    top = max(t.scored.completed_rps for t in feasible)
+    contenders = [t for t in feasible if t.scored.completed_rps >= top * (1 - THROUGHPUT_TIE)]
+    best = min(contenders, key=lambda t: (t.scored.e2e_p95_s, -t.scored.completed_rps))
     return Recommendation(best, bound, baseline)
 
 
@@ -704,9 +772,8 @@ def best_trials(repo: Repository, settings: StudySettings, optuna_study: optuna.
     rec = recommend(repo, settings, optuna_study)
     if rec is None:
         return []
-    others = [t for t in repo.trials(settings.name) if t.state == "complete" and t.score.get("feasible")
-              and t.trial_number != rec.trial.trial_number]
-    return [rec.trial, *sorted(others, key=lambda t: -t.score["completed_rps"])]
+    others = [t for t in repo.trials(settings.name) if t.feasible and t.trial_number != rec.trial.trial_number]
+    return [rec.trial, *sorted(others, key=lambda t: -t.scored.completed_rps)]
 
 
 def warm_start(name: str, plan: StoragePlan, source: str | None = None) -> WarmStart | None:
@@ -724,11 +791,11 @@ def warm_start(name: str, plan: StoragePlan, source: str | None = None) -> WarmS
     skipped: list[str] = []
     seen: set[tuple] = set()
     for trial in best_trials(repo, earlier, load_optuna_study(earlier.name, plan)):
-        searched = tuple(sorted((k, v) for k, v in trial.engine_config.items() if k in space.parameters))
+        config = trial.engine_config
+        searched = tuple(sorted((k, v) for k, v in config.to_dict().items() if k in space.parameters))
         if not searched or searched in seen:
             continue
         seen.add(searched)
-        config = EngineConfig.from_dict(trial.engine_config)
         origin = {WARM_START_ATTR: f"{earlier.name} trial {trial.trial_number}"}
         try:
             enqueue_config(name, plan, config, user_attrs=origin)

@@ -9,13 +9,16 @@ import threading
 import time
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 from rich.table import Table
 
 from tuner.console import err, out, print_json, progress_bar
 from tuner.errors import TunerError
+
+if TYPE_CHECKING:  # tuner.study imports Ray: only the commands that run a study load it
+    from tuner.study import RunEvent, RunReport, TrialStarted, TrialSummary
 
 study_app = typer.Typer(help="Studies: a search over engine configurations, measured trial by trial.",
                         no_args_is_help=True)
@@ -87,21 +90,20 @@ def study_create(
         first = exc.errors()[0]
         raise TunerError(f"{'.'.join(map(str, first['loc']))}: {first['msg']}") from None
     created = _studies(server, token_file, storage, artifacts).create(request)
-    warm = "warm_start" in created
     if as_json:
-        return print_json(created)
-    out.print(f"study {name} created in {created['storage']}: space {created['space_name']}, "
-              f"boundary {created['boundary']}, trace {Path(created['trace_path']).name}; "
+        return print_json(created.to_dict())
+    out.print(f"study {name} created in {created.storage}: space {created.space_name}, "
+              f"boundary {created.boundary}, trace {Path(created.trace_path).name}; "
               f"run it with `tuner study run {name} --trials N`")
-    if warm:
-        if created["warm_start"] is None:
+    if "warm_start" in created.model_fields_set:
+        warm = created.warm_start
+        if warm is None:
             out.print("no earlier study on the same model and space to warm-start from")
         else:
-            source, numbers = created["warm_start"]["from"], created["warm_start"]["trials"]
-            out.print(f"warm start from study {source}: "
-                      + (f"its trials {', '.join(map(str, numbers))} queued after the baseline" if numbers
+            out.print(f"warm start from study {warm.from_}: "
+                      + (f"its trials {', '.join(map(str, warm.trials))} queued after the baseline" if warm.trials
                          else "it has no feasible configuration besides vLLM's defaults to carry over"))
-            for why in created["warm_start"]["skipped"]:
+            for why in warm.skipped:
                 out.print(f"  not carried over: {why}", highlight=False)
 
 
@@ -173,14 +175,14 @@ def study_run(
         overall = progress.add_task(f"study {name}: starting Ray", total=trials)
         running: dict[int, int] = {}
 
-        def started(data: dict) -> None:
-            what = "baseline (vLLM defaults)" if data["baseline"] else data["config"]
-            running[data["number"]] = progress.add_task(f"  trial {data['number']} on slot {data['slot']}: "
-                                                        f"{what}", total=None)
+        def started(event: TrialStarted) -> None:
+            what = "baseline (vLLM defaults)" if event.baseline else event.config.to_dict()
+            running[event.number] = progress.add_task(f"  trial {event.number} on slot {event.slot}: {what}",
+                                                      total=None)
 
-        def done(summary: dict) -> None:
-            if summary["number"] in running:
-                progress.remove_task(running.pop(summary["number"]))
+        def done(summary: TrialSummary) -> None:
+            if summary.number in running:
+                progress.remove_task(running.pop(summary.number))
             progress.advance(overall)
             if not as_json:
                 err.print(_summary_line(summary), highlight=False)
@@ -194,10 +196,10 @@ def study_run(
             result = _run_here(name, trials, parallel, ray_address, deadline, stop_at, prune, heartbeat, grace,
                                storage, artifacts, events, signalled, progress, overall, started, done)
     if as_json:
-        print_json(result)
+        print_json(result.to_dict())
     else:
-        if result["stopped_early"]:
-            out.print(f"stopped after {len(result['trials'])} trials: {result['stopped_early']}")
+        if result.stopped_early:
+            out.print(f"stopped after {len(result.trials)} trials: {result.stopped_early}")
         out.print(f"see `tuner study best {name}`")
     if signalled:
         raise typer.Exit(130)
@@ -218,8 +220,8 @@ def _stop_on_signals(runner, signalled: list[str]) -> dict:
 
 
 def _run_here(name, trials, parallel, ray_address, deadline, stop_at, prune, heartbeat, grace, storage, artifacts,
-              events, signalled, progress, overall, started, done) -> dict:
-    from tuner.study import StudyRunner
+              events, signalled, progress, overall, started, done) -> RunReport:
+    from tuner.study import PoolReady, StudyRunner, TrialDone, TrialStarted
 
     plan = _plan(storage, artifacts, heartbeat_interval_s=heartbeat, grace_period_s=grace)
     log = open(events, "a", buffering=1) if events else None
@@ -230,18 +232,18 @@ def _run_here(name, trials, parallel, ray_address, deadline, stop_at, prune, hea
 
     replaced: dict = {}
 
-    def on_event(kind: str, data: dict) -> None:
-        if kind == "pool_ready":
-            # Only now: until the pool is up no trial is in flight, and ray.init replaces the SIGTERM handler.
-            replaced.update(_stop_on_signals(runner, signalled))
-            progress.update(overall, description=f"study {name} ({data['slots']} slots)")
-        elif kind == "trial_started":
-            record(kind, {k: data[k] for k in ("number", "baseline", "config", "slot", "at")})
-            started(data)
-        elif kind == "trial_done":
-            summary = _summary_dict(data["summary"])
-            record(kind, {"summary": summary})
-            done(summary)
+    def on_event(event: RunEvent) -> None:
+        match event:
+            case PoolReady(slots=slots):
+                # Only now: until the pool is up no trial is in flight, and ray.init replaces the SIGTERM handler.
+                replaced.update(_stop_on_signals(runner, signalled))
+                progress.update(overall, description=f"study {name} ({slots} slots)")
+            case TrialStarted():
+                record("trial_started", event.to_dict())
+                started(event)
+            case TrialDone(summary=summary):
+                record("trial_done", {"summary": summary.to_dict()})
+                done(summary)
 
     runner = StudyRunner(name, plan, prune=prune, parallel=parallel, ray_address=ray_address, on_event=on_event)
     try:
@@ -251,16 +253,17 @@ def _run_here(name, trials, parallel, ray_address, deadline, stop_at, prune, hea
             signal.signal(sig, handler)
         if log is not None:
             log.close()
-    return {"trials": [_summary_dict(s) for s in report.trials], "stopped_early": report.stopped_early}
+    return report
 
 
 def _run_on_service(name, trials, parallel, timeout_s, window_s, prune, server, token_file, signalled, progress,
-                    overall, started, done) -> dict:
+                    overall, started, done) -> RunReport:
     """Start the run on the service and follow it. SIGINT or SIGTERM here stops it there, as a local run stops,
     and it is followed until it has (a second one stops following at once)."""
     from types import SimpleNamespace
 
     from tuner.service_client import remote_studies
+    from tuner.study import TrialStarted, TrialSummary
 
     studies = remote_studies(server, token_file)
     run = studies.start_run(name, trials, parallel, timeout_s, window_s, prune)
@@ -277,9 +280,9 @@ def _run_on_service(name, trials, parallel, timeout_s, window_s, prune, server, 
             for data in run["in_flight"]:
                 if data["number"] not in shown_started:
                     shown_started.add(data["number"])
-                    started(data)
+                    started(TrialStarted.from_dict(data))
             for summary in run["finished"][shown_done:]:
-                done(summary)
+                done(TrialSummary.from_dict(summary))
             shown_done = len(run["finished"])
             if run["state"] != "running":
                 break
@@ -298,25 +301,22 @@ def _run_on_service(name, trials, parallel, timeout_s, window_s, prune, server, 
             signal.signal(sig, handler)
     if run["state"] == "failed" or run["result"] is None:
         raise TunerError(f"the run failed on the service: {run['error'] or run['state']}")
-    return run["result"]
+    from tuner.study import RunReport
+
+    return RunReport.from_dict(run["result"])
 
 
-def _summary_dict(s) -> dict:
-    return {"number": s.number, "state": s.state, "baseline": s.baseline, "config": s.config.to_dict(),
-            "score": s.score.to_dict() if s.score else None, "failure_class": s.failure_class, "reason": s.reason}
-
-
-def _summary_line(s: dict) -> str:
-    """One line per finished trial, from its summary (as `_summary_dict` gives it)."""
-    head = f"trial {s['number']}{' (baseline)' if s['baseline'] else ''}: {s['state']}"
-    score = s["score"]
+def _summary_line(s: TrialSummary) -> str:
+    """One line per finished trial, from its summary."""
+    head = f"trial {s.number}{' (baseline)' if s.baseline else ''}: {s.state}"
+    score = s.score
     if score is not None:
-        head += (f", {score['completed_rps']:.3f} req/s, p95 e2e {score['e2e_p95_s']:.2f} s, "
-                 f"{'feasible' if score['feasible'] else 'infeasible: ' + '; '.join(score['violations'])}")
-    elif s["failure_class"]:
-        head += f" [{s['failure_class']}] {s['reason']}"
-    elif s["reason"]:
-        head += f": {s['reason']}"
+        head += (f", {score.completed_rps:.3f} req/s, p95 e2e {score.e2e_p95_s:.2f} s, "
+                 f"{'feasible' if score.feasible else 'infeasible: ' + '; '.join(score.violations)}")
+    elif s.failure_class:
+        head += f" [{s.failure_class}] {s.reason}"
+    elif s.reason:
+        head += f": {s.reason}"
     return head
 
 
@@ -338,7 +338,7 @@ def study_enqueue(name: Annotated[str, typer.Argument(help="The study.")],
                   token_file: TokenFileOption = None) -> None:
     """Queue a configuration to run next, ahead of the sampler."""
     done = _studies(server, token_file, storage, artifacts).enqueue(name, set_)
-    out.print(f"enqueued in study {name}: {done['engine_config']}")
+    out.print(f"enqueued in study {name}: {done.engine_config}")
 
 
 @study_app.command("list")
@@ -347,11 +347,10 @@ def study_list(storage: StorageOption = None, artifacts: ArtifactsOption = None,
     """Every study in the storage."""
     rows = _studies(server, token_file, storage, artifacts).list()
     if as_json:
-        return print_json(rows)
+        return print_json([r.to_dict() for r in rows])
     table = Table("name", "created", "boundary", "space", "trace", "trials", "feasible")
     for r in rows:
-        table.add_row(r["name"], r["created_at"], r["boundary"], r["space"], r["trace"], str(r["trials"]),
-                      str(r["feasible"]))
+        table.add_row(r.name, r.created_at, r.boundary, r.space, r.trace, str(r.trials), str(r.feasible))
     out.print(table)
 
 
@@ -366,16 +365,16 @@ def study_status(name: Annotated[str, typer.Argument(help="The study.")], storag
 
     data = _studies(server, token_file, storage, artifacts).status(name)
     if as_json:
-        return print_json(data)
-    best = data["best"]
-    table = Table(title=f"study {name} ({data['boundary']})", show_header=False)
-    table.add_row("trials", str(data["trials"]))
-    for state, count in sorted(data["by_state"].items()):
+        return print_json(data.to_dict())
+    best = data.best
+    table = Table(title=f"study {name} ({data.boundary})", show_header=False)
+    table.add_row("trials", str(data.trials))
+    for state, count in sorted(data.by_state.items()):
         table.add_row(f"  {state}", str(count))
-    table.add_row("in flight", ", ".join(map(str, data["running"])) or "-")
-    table.add_row("waiting (enqueued)", ", ".join(map(str, data["waiting"])) or "-")
-    table.add_row("best so far", Text(f"trial {best['trial']}: {best['completed_rps']:.3f} req/s, p95 e2e "
-                                      f"{best['e2e_p95_s']:.2f} s; {context_line(best)}") if best
+    table.add_row("in flight", ", ".join(map(str, data.running)) or "-")
+    table.add_row("waiting (enqueued)", ", ".join(map(str, data.waiting)) or "-")
+    table.add_row("best so far", Text(f"trial {best.trial}: {best.completed_rps:.3f} req/s, p95 e2e "
+                                      f"{best.e2e_p95_s:.2f} s; {context_line(best.to_dict())}") if best
                   else "none feasible yet")
     out.print(table)
 
@@ -386,6 +385,7 @@ def study_best(name: Annotated[str, typer.Argument(help="The study.")], storage:
                token_file: TokenFileOption = None) -> None:
     """The recommended `vllm serve` command, its boundary, the hardware it was measured on, and the gain over
     vLLM's default configuration."""
+    from tuner.scoring import Score
     from tuner.studies import NoRecommendation
 
     try:
@@ -397,16 +397,17 @@ def study_best(name: Annotated[str, typer.Argument(help="The study.")], storage:
             err.print(str(exc), highlight=False)
         raise typer.Exit(1) from None
     if as_json:
-        return print_json(rec)
-    m, score, trace = rec["measurement"], rec["score"], rec["trace"]
-    out.print(f"Recommended for the {rec['boundary_text']} boundary (trial {rec['trial']}):")
-    out.print(f"  {rec['serve_command']}", highlight=False, soft_wrap=True)
-    out.print(f"measured on {rec['measured_on']}, vLLM {rec['vllm_version']}, trace {Path(trace['path']).name} "
-              f"(sha256 {trace['sha256'][:12]}, {m.get('requests')} requests)")
-    out.print(f"completed {m.get('completed')}/{m.get('requests')} at {score['completed_rps']:.3f} req/s, "
-              f"{score['output_tps']:.1f} output tok/s, p95 TTFT {(m.get('ttft_s') or {}).get('p95') or 0:.3f} s, "
-              f"p95 e2e {score['e2e_p95_s']:.3f} s, {m.get('preemptions')} preemptions")
-    base, gain = rec["baseline"], rec["gain"]
+        return print_json(rec.to_dict())
+    # The recommendation's records, as stored: the answer carries them in their stored shapes.
+    m, score = rec.measurement, Score.from_dict(rec.score)
+    out.print(f"Recommended for the {rec.boundary_text} boundary (trial {rec.trial}):")
+    out.print(f"  {rec.serve_command}", highlight=False, soft_wrap=True)
+    out.print(f"measured on {rec.measured_on}, vLLM {rec.vllm_version}, trace {Path(rec.trace['path']).name} "
+              f"(sha256 {rec.trace['sha256'][:12]}, {m['requests']} requests)")
+    out.print(f"completed {m['completed']}/{m['requests']} at {score.completed_rps:.3f} req/s, "
+              f"{score.output_tps:.1f} output tok/s, p95 TTFT {m['ttft_s']['p95'] or 0:.3f} s, "
+              f"p95 e2e {score.e2e_p95_s:.3f} s, {m['preemptions']} preemptions")
+    base, gain = rec.baseline, rec.gain
     if base is None:
         out.print("vLLM's default configuration was not run in this study")
     elif gain is None:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import statistics
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
+from tuner.hardware import HardwareInfo
 from tuner.traces.stats import percentile
+from tuner.workers.engine_config import EngineConfig
 from tuner.workers.failures import EngineFailure
 from tuner.workers.replay import Outcome, ReplayResult, RequestRecord
 from tuner.workers.server_metrics import (INFERENCE_TIME, PREEMPTIONS, PREFIX_HITS, PREFIX_QUERIES, QUEUE_TIME,
@@ -14,6 +16,8 @@ from tuner.workers.server_metrics import (INFERENCE_TIME, PREEMPTIONS, PREFIX_HI
 
 @dataclass(frozen=True)
 class Percentiles:
+    """p50, p95 and p99 of some figure over a replay's requests; None where no request gave it."""
+
     p50: float | None
     p95: float | None
     p99: float | None
@@ -27,6 +31,8 @@ class Percentiles:
 
 @dataclass(frozen=True)
 class TrialTimings:
+    """Where one trial's time went, in seconds."""
+
     startup_s: float
     replay_s: float
     teardown_s: float
@@ -34,6 +40,15 @@ class TrialTimings:
     @property
     def total_s(self) -> float:
         return self.startup_s + self.replay_s + self.teardown_s
+
+    def to_dict(self) -> dict:
+        """The three phases and their total."""
+        return {**asdict(self), "total_s": self.total_s}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> TrialTimings:
+        """The timings `to_dict` gave (the total is computed again, not read)."""
+        return cls(data["startup_s"], data["replay_s"], data["teardown_s"])
 
 
 @dataclass(frozen=True)
@@ -69,6 +84,14 @@ class Measurement:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    @classmethod
+    def from_dict(cls, data: dict) -> Measurement:
+        """The measurement `to_dict` gave, its percentiles records again."""
+        return cls(**{**data, **{name: Percentiles(**data[name]) for name in _PERCENTILE_FIELDS}})
+
+
+_PERCENTILE_FIELDS = tuple(f.name for f in fields(Measurement) if f.type == "Percentiles")
+
 
 def _hist_delta(result: ReplayResult, name: str) -> Histogram | None:
     if result.metrics_before is None or result.metrics_after is None:
@@ -83,6 +106,7 @@ def _counter_delta(result: ReplayResult, name: str) -> float | None:
 
 
 def measure(result: ReplayResult) -> Measurement:
+    """What the replay's requests and vLLM's metrics (before, after and sampled during it) add up to."""
     records: list[RequestRecord] = result.records
     outcomes: dict[str, int] = {}
     for r in records:
@@ -131,10 +155,10 @@ class TrialRecord:
     """One trial, whole: what was tried, on what, against which trace, and what came of it."""
 
     model: str
-    engine_config: dict
+    engine_config: EngineConfig
     serve_command: str
     trace: dict  # source, format, sha256, requests, span, transformations
-    hardware: dict
+    hardware: HardwareInfo
     vllm_version: str
     started_at: str  # ISO 8601, UTC
     timings: TrialTimings
@@ -144,12 +168,9 @@ class TrialRecord:
     argv: list[str] = field(default_factory=list)
     stop_reason: str | None = None  # the replay was ended early: the boundary could no longer be met
 
-    @property
-    def ok(self) -> bool:
-        return self.failure is None
-
     def to_dict(self) -> dict:
+        """JSON-ready, as the trial's measurement.json holds it."""
         data = asdict(self)
-        data["timings"]["total_s"] = self.timings.total_s
-        data["failure"] = self.failure.to_dict() if self.failure else None
+        data.update(engine_config=self.engine_config.to_dict(), hardware=self.hardware.to_dict(),
+                    timings=self.timings.to_dict(), failure=self.failure.to_dict() if self.failure else None)
         return data

@@ -72,10 +72,10 @@ def run_trial(spec: TrialSpec, *, on_request_done: Callable[[RequestRecord], Non
     started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
     spec.out_dir.mkdir(parents=True, exist_ok=True)
     log_path = spec.out_dir / "server.log"
-    base = dict(model=str(spec.model), engine_config=spec.config.to_dict(),
+    base = dict(model=str(spec.model), engine_config=spec.config,
                 serve_command=spec.config.serve_command(str(spec.model), list(spec.extra_args)),
                 trace=trace_summary(spec.trace),
-                hardware=detect_hardware().to_dict(), vllm_version=vllm_version(), started_at=started_at,
+                hardware=detect_hardware(), vllm_version=vllm_version(), started_at=started_at,
                 log_path=str(log_path))
     phase("starting engine")
     try:

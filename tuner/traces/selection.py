@@ -14,6 +14,8 @@ from tuner.traces.transforms import FIT_MODES, cap_requests, fit_to_context, sca
 
 @dataclass(frozen=True)
 class TraceSelection:
+    """Which part of a recorded trace is replayed, and how it is reshaped."""
+
     window_s: tuple[float, float] | None = None  # [start, end) in seconds from the trace's first request
     max_requests: int | None = None
     rate_scale: float | None = None  # 2.0 = twice the recorded rate
@@ -34,6 +36,12 @@ class TraceSelection:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> TraceSelection:
+        """The selection `to_dict` gave (a stored window comes back as a list)."""
+        window_s = data.get("window_s")
+        return cls(**{**data, "window_s": tuple(window_s) if window_s is not None else None})
 
 
 def parse_window(text: str) -> tuple[float, float]:
