@@ -138,4 +138,4 @@ def test_study_create_with_space_auto_stores_the_derived_text_and_the_models_siz
     derived = derive_space(model, DeviceMemory.of_machine(detect_hardware()), trace, "clip")
     assert (settings.space_name, settings.space_text) == ("auto", derived.space.text)
     # A run judges proposals on the sizes stored at creation, without reading the folder again.
-    assert ModelMemory(**settings.model_info["memory"]) == model
+    assert settings.model_info.memory == model
