@@ -16,7 +16,7 @@ from sqlalchemy.exc import ArgumentError, IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from tuner.storage.records import StoredTrial, StudySettings, TrialState
-from tuner.storage.schema import Base, LaunchFailureRow, RequestRow, StudyRow, TraceRow, TrialRow
+from tuner.storage.schema import Base, RequestRow, StudyRow, TraceRow, TrialRow
 from tuner.storage.urls import redact_url
 from tuner.errors import NotFound, TunerError
 from tuner.traces.records import Trace
@@ -179,7 +179,7 @@ class Repository:
         number, requests and all; returns the new row's id."""
         with self._transaction() as session:
             study_id = self._study_row(session, trial.study_name).id
-            # The foreign keys cascade, so the old row's requests and failure go with it.
+            # The foreign keys cascade, so the old row's requests go with it.
             session.execute(delete(TrialRow).where(TrialRow.study_id == study_id,
                                                    TrialRow.trial_number == trial.trial_number))
             values = trial.to_dict()
@@ -189,12 +189,6 @@ class Repository:
             session.flush()
             if requests:
                 session.execute(insert(RequestRow), [{"trial_id": row.id, **r.to_dict()} for r in requests])
-            # A proposal refused before launch (kv_insufficient (predicted)) has a failure class but no launch.
-            if trial.failure_class is not None and trial.state is not TrialState.INFEASIBLE:
-                session.add(LaunchFailureRow(
-                    trial_id=row.id, failure_class=trial.failure_class, message=trial.failure_message or "",
-                    exit_code=trial.exit_code, log_excerpt=trial.log_excerpt or "",
-                    estimated_max_model_len=trial.estimated_max_model_len))
             return row.id
 
     def trials(self, study_name: str) -> list[StoredTrial]:

@@ -115,18 +115,6 @@ class RequestRow(Base):
     error: Mapped[str | None] = mapped_column(Text)
 
 
-class LaunchFailureRow(Base):
-    __tablename__ = "tuner_launch_failures"
-
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    trial_id: Mapped[int] = mapped_column(ForeignKey("tuner_trials.id", ondelete="CASCADE"), unique=True)
-    failure_class: Mapped[str] = mapped_column(String(32))
-    message: Mapped[str] = mapped_column(Text)
-    exit_code: Mapped[int | None] = mapped_column(Integer)
-    log_excerpt: Mapped[str] = mapped_column(Text)
-    estimated_max_model_len: Mapped[int | None] = mapped_column(Integer)
-
-
 class ScheduleRunRow(Base):
     """One run of a schedule (tuner.schedules writes it) and its morning summary."""
 

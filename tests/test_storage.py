@@ -30,8 +30,8 @@ from tuner.workers.failures import FailureClass, classify_failure
 from tuner.workers.measure import TrialRecord, TrialTimings, measure
 from tuner.workers.replay import Outcome, ReplayResult, RequestRecord
 
-TUNER_TABLES = {"tuner_studies", "tuner_traces", "tuner_trials", "tuner_requests", "tuner_launch_failures",
-                "tuner_schedule_runs"}
+TUNER_TABLES = {"tuner_studies", "tuner_traces", "tuner_trials", "tuner_requests", "tuner_schedule_runs"}
+LATEST = "0003"  # tuner's newest Alembic revision
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -104,7 +104,7 @@ def test_migrate_twice_is_a_no_op(url):
     repo.save_study(settings())
     repo.migrate()
     assert TUNER_TABLES | {VERSION_TABLE} <= set(sa.inspect(repo.engine).get_table_names())
-    assert revision(repo, VERSION_TABLE) == ["0002"]
+    assert revision(repo, VERSION_TABLE) == [LATEST]
     assert [s.name for s in repo.list_studies()] == ["s1"]
 
 
@@ -119,7 +119,7 @@ def test_tables_and_revisions_live_beside_optunas(url, optuna_first):
     repo = Repository(url)
     names = set(sa.inspect(repo.engine).get_table_names())
     assert TUNER_TABLES | {VERSION_TABLE, "studies", "trials", "alembic_version"} <= names
-    assert revision(repo, VERSION_TABLE) == ["0002"]
+    assert revision(repo, VERSION_TABLE) == [LATEST]
     assert revision(repo, "alembic_version") == [optuna_storage.get_head_version()]
     # Both sides still work on the shared file.
     study = optuna.create_study(study_name="s1", storage=optuna_storage)
@@ -164,7 +164,7 @@ def test_a_schedule_runs_table_made_by_hand_before_0002_is_kept_by_the_upgrade(u
         conn.execute(sa.insert(by_hand).values(run))
 
     repo.migrate()
-    assert revision(repo, VERSION_TABLE) == ["0002"]
+    assert revision(repo, VERSION_TABLE) == [LATEST]
     runs = ScheduleRunRow.__table__
     with repo.engine.begin() as conn:
         conn.execute(sa.insert(runs).values({**run, "finished_at": None}))  # the ids go on from the old rows
@@ -224,7 +224,6 @@ def test_trial_with_requests_and_failure_round_trips(repo):
                        "message": trial.failure_message, "exit_code": -9, "log_excerpt": trial.log_excerpt,
                        "estimated_max_model_len": None}
     assert "worker killed" in failure["log_excerpt"]
-    assert row_count(repo, "tuner_launch_failures") == 1
 
 
 def test_resaving_a_trial_number_replaces_it(repo):
@@ -240,7 +239,6 @@ def test_resaving_a_trial_number_replaces_it(repo):
     assert repo.trials("s1") == [rerun, other]
     assert len(repo.requests("s1", 3)) == 3 and len(repo.requests("s1", 4)) == 2
     assert row_count(repo, "tuner_requests") == 5  # the first run's six are gone
-    assert row_count(repo, "tuner_launch_failures") == 0
 
 
 def test_kv_failure_without_requests(repo):
@@ -253,10 +251,9 @@ def test_kv_failure_without_requests(repo):
     assert back == trial and back.measurement is None and back.estimated_max_model_len == 2048
     assert repo.requests("s1", 0) == []
     assert [(t.failure_class, t.estimated_max_model_len) for t in repo.trials("s1")] == [("kv_insufficient", 2048)]
-    assert row_count(repo, "tuner_launch_failures") == 1
 
 
-def test_a_proposal_refused_before_launch_keeps_its_class_but_is_no_launch_failure(repo):
+def test_a_proposal_refused_before_launch_keeps_its_class(repo):
     repo.save_study(settings())
     reason = ("kv_insufficient (predicted): the KV cache is estimated at 512 tokens from num_gpu_blocks_override, "
               "below one request of max_model_len (1024)")
@@ -270,7 +267,6 @@ def test_a_proposal_refused_before_launch_keeps_its_class_but_is_no_launch_failu
         score=Rejection([reason]))
     repo.save_trial(refused, [])
     assert repo.trials("s1") == [refused]
-    assert row_count(repo, "tuner_launch_failures") == 0
 
 
 def test_foreign_keys_are_enforced(repo):
@@ -279,7 +275,7 @@ def test_foreign_keys_are_enforced(repo):
                                request_records(4))
     with repo.engine.begin() as conn:
         conn.execute(sa.text("DELETE FROM tuner_trials WHERE id = :id"), {"id": trial_id})
-    assert row_count(repo, "tuner_requests") == 0 and row_count(repo, "tuner_launch_failures") == 0
+    assert row_count(repo, "tuner_requests") == 0
     with pytest.raises(sa.exc.IntegrityError), repo.engine.begin() as conn:
         conn.execute(sa.text("INSERT INTO tuner_requests (trial_id, request_index, scheduled_s, requested_tokens, "
                              "input_tokens, output_tokens, outcome) VALUES (999, 0, 0, 1, 1, 1, 'ok')"))
@@ -367,3 +363,22 @@ def test_trial_artifacts_round_trip(url, tmp_path, monkeypatch):
         optuna.artifacts.download_artifact(artifact_store=optuna.artifacts.FileSystemArtifactStore(artifact_dir),
                                            file_path=str(copy), artifact_id=meta.artifact_id)
         assert copy.read_bytes() == original.read_bytes()
+
+
+def test_the_launch_failures_table_goes_and_comes_back_from_the_trials_without_a_loss(url):
+    # Revision 0003 drops tuner_launch_failures, whose columns repeated the trials'; its downgrade rebuilds it.
+    command.upgrade(alembic_config(url), LATEST)
+    repo = Repository(url)
+    repo.save_study(settings())
+    died = stored(trial_record(request_records(4), died=True), state="failed")
+    repo.save_trial(died, request_records(4))
+    repo.save_trial(stored(trial_record(request_records(2), died=False), number=4), request_records(2))
+    assert "tuner_launch_failures" not in sa.inspect(repo.engine).get_table_names()
+
+    command.downgrade(alembic_config(url), "0002")
+    with repo.engine.connect() as conn:
+        rows = conn.execute(sa.text("SELECT f.failure_class, f.message, f.exit_code, f.log_excerpt FROM "
+                                    "tuner_launch_failures f JOIN tuner_trials t ON t.id = f.trial_id")).all()
+    assert rows == [(died.failure_class, died.failure_message, died.exit_code, died.log_excerpt)]
+    command.upgrade(alembic_config(url), LATEST)
+    assert repo.trials("s1")[0] == died
