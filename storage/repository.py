@@ -164,14 +164,6 @@ class Repository:
         except IntegrityError:
             pass  # another process stored the same trace in the meantime, which is all that was wanted
 
-    def get_trace(self, sha256: str) -> dict:
-        """A stored trace's summary, by column."""
-        with self._transaction() as session:
-            row = session.get(TraceRow, sha256)
-            if row is None:
-                raise TunerError(f"no trace with sha256 {sha256}")
-            return _columns(row)
-
     # Trials
 
     def save_trial(self, trial: StoredTrial, requests: list[RequestRecord]) -> int:
