@@ -67,8 +67,8 @@ class BoundaryWatch:
         if b.ttft_p95_s is not None:
             limit = b.ttft_p95_s
             # The TTFT percentile is over requests that finished with a first token.
-            counted = [r for r in finished if r.outcome in _FINISHED and r.ttft_s is not None]
-            over = sum(r.ttft_s > limit for r in counted)
+            counted = [r.ttft_s for r in finished if r.outcome in _FINISHED and r.ttft_s is not None]
+            over = sum(ttft_s > limit for ttft_s in counted)
             pending = sum(
                 (p.first_token is None and now - (p.sent - live.origin) > limit)
                 or (p.first_token is not None and p.first_token - p.sent > limit)

@@ -44,7 +44,7 @@ class Boundary:
         unknown = sorted(set(limits) - known)
         if unknown:
             raise TunerError(f"unknown boundary limit {unknown[0]!r}; known: {', '.join(sorted(known))}")
-        return replace(self, **limits)
+        return replace(self, **limits)  # type: ignore[arg-type]  # each name was checked against the fields
 
     def makespan_limit_s(self, trace_span_s: float) -> float | None:
         if self.makespan_factor is None:

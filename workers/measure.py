@@ -142,7 +142,7 @@ def measure(result: ReplayResult) -> Measurement:
         waiting_peak=max(waiting),
         waiting_mean=statistics.fmean(waiting),
         kv_usage_peak=max([s.kv_usage for s in timeline] or [0.0]),
-        prefix_cache_hit_rate=(hits / queries) if queries else None,
+        prefix_cache_hit_rate=(hits or 0.0) / queries if queries else None,
         requested_output_tokens=sum(r.requested_tokens for r in records),
         actual_output_tokens=sum(r.output_tokens for r in records),
         send_lateness_s=Percentiles.of([r.lateness_s for r in records if r.lateness_s is not None]),
