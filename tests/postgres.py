@@ -175,33 +175,6 @@ def postgres_database(postgres_url: str) -> Iterator[str]:
         yield url
 
 
-# A small study for the tests that run one on PostgreSQL: eager engines with a fixed KV budget, 8 requests that
-# arrive together, and no latency limit (nothing is pruned, however loaded the machine).
-SMALL_SPACE = """\
-name: small
-fixed:
-  enforce_eager: true
-  max_model_len: 1024
-  kv_cache_memory_bytes: 268435456
-parameters:
-  max_num_seqs: {type: int, low: 2, high: 16}
-"""
-SMALL_SLICE = ("--window", "300:400", "--max-requests", "8", "--rate-scale", "100", "--fit", "clip")
-
-
-def create_small_study(root: Path, name: str, storage: str, model: Path) -> list[str]:
-    """`tuner study create` of the small study, its artifacts in root/artifacts; returns the --storage and
-    --artifacts arguments of its other commands."""
-    from conftest import AZURE_CONV, NO_LATENCY_LIMIT_ARGS, run_tuner
-
-    (root / "space.yaml").write_text(SMALL_SPACE)
-    common = ["--storage", storage, "--artifacts", str(root / "artifacts")]
-    run_tuner("study", "create", name, "--model", str(model), "--trace", str(AZURE_CONV), *SMALL_SLICE,
-              "--space", str(root / "space.yaml"), *NO_LATENCY_LIMIT_ARGS,
-              *common)
-    return common
-
-
 def main(argv: list[str]) -> int:
     if len(argv) != 2 or argv[0] not in ("start", "stop"):
         print("usage: postgres.py start|stop DIR", file=sys.stderr)

@@ -15,7 +15,8 @@ from optuna.trial import TrialState
 from sqlalchemy.engine import make_url
 
 from conftest import AZURE_CONV, DescendantWatch, assert_none_left, vllm_processes
-from postgres import PostgresCluster, create_small_study
+from factories import create_small_study
+from postgres import PostgresCluster
 from tuner.storage import Repository, redact_url
 from test_secrets import assert_password_absent
 from tuner.workers.launch import free_port

@@ -16,7 +16,7 @@ from test_kv_budget import H200, H200_TABLE
 from tuner.storage import Repository
 from tuner.errors import TunerError
 from tuner.hardware import detect_hardware
-from tuner.kv_budget import ESTIMATE_ERROR, DeviceMemory, ModelMemory, estimate_kv, read_model_memory
+from tuner.kv_budget import ESTIMATE_ERROR, DeviceMemory, estimate_kv, read_model_memory
 from tuner.models import write_architecture
 from tuner.paths import bundled_trace
 from tuner.traces.selection import TraceSelection, load_trace

@@ -36,8 +36,9 @@ from tuner.workers.launch import _wait_healthy, free_port
 from tuner.workers.measure import measure
 from tuner.workers.replay import Outcome, prepare_requests, replay
 from tuner.workers.trial import TrialSpec, run_trial
+from factories import TINY_ENGINE, tiny_space
 
-KV_BYTES = 268435456  # an explicit KV budget: vLLM's default memory fraction is refused on a small machine
+KV_BYTES = TINY_ENGINE["kv_cache_memory_bytes"]
 
 # --- vLLM killed mid-replay, inside a real study -----------------------------------------------------------
 
@@ -47,16 +48,9 @@ KILL_SEED = 20261202
 # the other fifteen from 4.3 s to 11.2 s. A kill within 6 s of the first always leaves requests to come.
 KILL_DELAY_S = (0.5, 6.0)
 STUDY_REQUESTS = 16
-STUDY_SPACE = f"""\
-name: engine-faults
-description: the tiny model, every proposal launchable, so that each trial's engine can be killed
-fixed:
-  enforce_eager: true
-  max_model_len: 1024
-  kv_cache_memory_bytes: {KV_BYTES}
-parameters:
-  max_num_seqs: {{type: int, low: 4, high: 16}}
-"""
+STUDY_SPACE = tiny_space("engine-faults", {"max_num_seqs": {"type": "int", "low": 4, "high": 16}},
+                         description="the tiny model, every proposal launchable, so that each trial's engine can be "
+                                     "killed")
 SERVER_MODULE = ["-m", "vllm.entrypoints.openai.api_server"]
 SERVED = "POST /v1/completions"  # the server's access log line for each request it begins to answer
 

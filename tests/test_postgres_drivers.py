@@ -11,7 +11,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from postgres import create_small_study
+from factories import create_small_study
 from tuner.storage import Repository, trial_artifacts
 from tuner.workers.trial import ARTIFACTS
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import replace
 from pathlib import Path
@@ -24,20 +23,11 @@ from tuner.workers.measure import Measurement, Percentiles, TrialTimings
 from tuner.workers.replay import Outcome, RequestRecord
 from tuner.workers.server_metrics import TimelineSample
 
+from factories import measurement, study_settings
+
 PLOT_IDS = ("pareto", "preemptions", "time_split", "timelines", "output_lengths")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                  "--disable-sync", "--no-first-run"]
-
-
-def measurement(**changes) -> Measurement:
-    m = Measurement(
-        requests=16, completed=16, failed=0, outcomes={"ok": 16}, duration_s=10.0, completed_rps=1.6,
-        output_tps=120.0, ttft_s=Percentiles(0.1, 0.2, 0.3), e2e_s=Percentiles(1.0, 3.0, 3.5), queue_s_p50=0.1,
-        queue_s_p95=0.3, queue_s_mean=0.2, inference_s_mean=1.2, preemptions=0, preemptions_per_100=0.0,
-        running_peak=16.0, running_mean=8.0, waiting_peak=0.0, waiting_mean=0.0, kv_usage_peak=0.4,
-        prefix_cache_hit_rate=None, requested_output_tokens=1200, actual_output_tokens=1200,
-        send_lateness_s=Percentiles(0.0, 0.001, 0.002), metrics_available=True)
-    return replace(m, **changes)
 
 
 def run(label: str, m: Measurement | None = None, failure_class: str | None = None, message: str = "") -> CompareRun:
@@ -165,13 +155,11 @@ SPACE_FIXED = {"enforce_eager": True, "max_model_len": 1024, "kv_cache_memory_by
 
 
 def settings() -> StudySettings:
-    return StudySettings(
-        name="demo", created_at="2025-01-01T00:00:00+00:00", model="/models/tiny",
+    return study_settings(
+        name="demo", created_at="2025-01-01T00:00:00+00:00",
         model_info=StudyModel("LlamaForCausalLM", 2048, 2048, 4096),
-        trace_path="/traces/azure_conv_2023.csv", trace_sha256="ab" * 32,
-        trace_selection=TraceSelection(None, 16, 100.0, "clip"),
-        boundary="interactive", limits={"ttft_p95_s": 20.0, "e2e_p95_s": 60.0}, space_name="test-study",
-        space_text="name: test-study\n", sampler="tpe", seed=3, request_timeout_s=600.0, startup_timeout_s=600.0)
+        trace_selection=TraceSelection(None, 16, 100.0, "clip"), limits={"ttft_p95_s": 20.0, "e2e_p95_s": 60.0},
+        space_name="test-study", space_text="name: test-study\n", seed=3, startup_timeout_s=600.0)
 
 
 def stored(number: int, state: str, config: dict, m: Measurement | None = None, *, failure_class: str | None = None,

@@ -11,29 +11,21 @@ from conftest import AZURE_CONV, REPO, run_tuner as tuner
 from test_report import check_page_in_chromium
 from tuner.study import StoragePlan, enqueue_config
 from tuner.workers.engine_config import EngineConfig
+from factories import azure_slice, tiny_space
 
 pytestmark = pytest.mark.vllm
 
-SPACE = """\
-name: report-study
-description: the tiny model under KV pressure
-fixed:
-  enforce_eager: true
-  max_model_len: 1024
-  kv_cache_memory_bytes: 268435456
-parameters:
-  max_num_seqs: {type: int, low: 2, high: 16}
-  num_gpu_blocks_override: {type: int, low: 4, high: 96}
-  max_num_batched_tokens: {type: categorical, choices: [256, 1024, 2048]}
-"""
+SPACE = tiny_space("report-study", {
+    "max_num_seqs": {"type": "int", "low": 2, "high": 16},
+    "num_gpu_blocks_override": {"type": "int", "low": 4, "high": 96},
+    "max_num_batched_tokens": {"type": "categorical", "choices": [256, 1024, 2048]},
+}, description="the tiny model under KV pressure")
 # Run after the baseline (trial 0): one whose KV cache cannot hold a request (refused before launch), one that
 # preempts.
 KV_INSUFFICIENT = EngineConfig(max_num_seqs=8, max_num_batched_tokens=1024, num_gpu_blocks_override=4)
 PRESSURED = EngineConfig(max_num_seqs=16, max_num_batched_tokens=1024, num_gpu_blocks_override=24)
-# Sixteen requests from 300 s into the Azure conversation trace, arriving together: long answers (about 430
-# output tokens each) on prompts of about 600, so that sequences admitted into a full KV cache grow out of it.
-SLICE = ["--trace", str(AZURE_CONV), "--window", "300:400", "--max-requests", "16", "--rate-scale", "100",
-         "--fit", "clip"]
+# Sixteen requests arriving together, whose sequences admitted into a full KV cache grow out of it.
+SLICE = ["--trace", str(AZURE_CONV), *azure_slice(16)]
 
 
 

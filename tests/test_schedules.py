@@ -42,18 +42,11 @@ from tuner.study import (
 )
 from tuner.traces.selection import TraceSelection
 from tuner.workers.engine_config import EngineConfig
+from factories import azure_slice, tiny_space
 
-SPACE = """\
-name: test-schedules
-fixed:
-  enforce_eager: true
-  max_model_len: 1024
-  kv_cache_memory_bytes: 268435456
-parameters:
-  max_num_seqs: {type: int, low: 2, high: 16}
-  num_gpu_blocks_override: {type: int, low: 16, high: 96}
-"""
-SLICE = ["--window", "300:400", "--max-requests", "16", "--rate-scale", "100", "--fit", "clip"]
+SPACE = tiny_space("test-schedules", {"max_num_seqs": {"type": "int", "low": 2, "high": 16},
+                                     "num_gpu_blocks_override": {"type": "int", "low": 16, "high": 96}})
+SLICE = azure_slice(16)
 # Room for all 16 requests at once: feasible (no latency limit), so the warm start has it to carry over.
 ROOMY = EngineConfig(max_num_seqs=16, num_gpu_blocks_override=96)
 

@@ -19,7 +19,8 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
-from postgres import create_small_study, fresh_database
+from factories import create_small_study
+from postgres import fresh_database
 from tuner.storage import Repository
 from tuner.workers.launch import free_port
 from tuner.workers.trial import ARTIFACTS

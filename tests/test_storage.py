@@ -15,21 +15,19 @@ from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
-from tuner.storage import (Repository, StoredTrial, StudyModel, StudySettings, VERSION_TABLE, alembic_config,
+from tuner.storage import (Repository, StoredTrial, VERSION_TABLE, alembic_config,
                            attach_trial_artifacts, default_artifact_dir, default_storage_url, redact_url,
                            trial_artifacts)
 from tuner.storage.schema import Base, ScheduleRunRow, TraceRow, include_name
 from tuner.errors import TunerError
-from tuner.hardware import HardwareInfo
-from tuner.kv_budget import ModelMemory
 from tuner.scoring import Rejection, Score
-from tuner.traces.selection import TraceSelection
 from tuner.traces.records import Trace, TraceRequest, Transformation
 from tuner.traces.stats import trace_stats
 from tuner.workers.engine_config import EngineConfig
 from tuner.workers.failures import FailureClass, classify_failure
-from tuner.workers.measure import TrialRecord, TrialTimings, measure
-from tuner.workers.replay import Outcome, ReplayResult, RequestRecord
+from tuner.workers.measure import TrialRecord
+
+from factories import request_records, study_settings, trial_record
 
 TUNER_TABLES = {"tuner_studies", "tuner_traces", "tuner_trials", "tuner_requests", "tuner_schedule_runs"}
 LATEST = "0003"  # tuner's newest Alembic revision
@@ -47,40 +45,6 @@ def repo(url: str) -> Repository:
     repository = Repository(url)
     repository.migrate()
     return repository
-
-
-def settings(name: str = "s1", created_at: str = "2025-05-01T10:00:00+00:00") -> StudySettings:
-    return StudySettings(
-        name=name, created_at=created_at, model="/models/tiny",
-        model_info=StudyModel("LlamaForCausalLM", 2048, 2048, 4096,
-                              ModelMemory("LlamaForCausalLM", 2, 4, 64, 256, 512, 10_000_000, "bfloat16", 2048)),
-        trace_path="/traces/azure_conv_2023.csv", trace_sha256="ab" * 32, trace_selection=TraceSelection((0, 60)),
-        boundary="interactive", limits={"ttft_p95_s": 2.0}, space_name="default",
-        space_text="max_num_seqs: {low: 8, high: 256}\n", sampler="tpe", seed=7, request_timeout_s=600.0,
-        startup_timeout_s=900.0,
-    )
-
-
-def request_records(count: int) -> list[RequestRecord]:
-    records = [RequestRecord(i, 0.25 * i, 0.25 * i + 0.001, 16, 100 + i, 16, Outcome.OK, ttft_s=0.05, e2e_s=0.4,
-                             itl_mean_s=0.02, itl_p95_s=0.03, itl_max_s=0.06, status_code=200)
-               for i in range(count - 1)]
-    records.append(RequestRecord(count - 1, 0.25 * count, None, 16, 80, 0, Outcome.NOT_SENT,
-                                 error="the engine was gone before this request was due"))
-    return records
-
-
-def trial_record(records: list[RequestRecord], *, died: bool) -> TrialRecord:
-    log = "INFO starting\nINFO serving on port 8000\nERROR worker killed\n"
-    return TrialRecord(
-        model="/models/tiny", engine_config=EngineConfig(max_num_seqs=64, enable_prefix_caching=True),
-        serve_command="vllm serve /models/tiny --max-num-seqs 64",
-        trace={"source": "azure_conv_2023.csv", "sha256": "ab" * 32},
-        hardware=HardwareInfo("cpu", None, None, 0, "Test CPU", 2, 8.0),
-        vllm_version="0.32.0", started_at="2025-05-01T10:05:00+00:00", timings=TrialTimings(12.5, 3.0, 0.5),
-        measurement=measure(ReplayResult(records, 3.0, None, None)),
-        failure=classify_failure(-9, log, was_serving=True) if died else None, log_path="/tmp/trial-3.log",
-    )
 
 
 def stored(record: TrialRecord, number: int = 3, **kwargs) -> StoredTrial:
@@ -102,7 +66,7 @@ def revision(repo: Repository, table: str) -> list[str]:
 def test_migrate_twice_is_a_no_op(url):
     repo = Repository(url)
     repo.migrate()
-    repo.save_study(settings())
+    repo.save_study(study_settings())
     repo.migrate()
     assert TUNER_TABLES | {VERSION_TABLE} <= set(sa.inspect(repo.engine).get_table_names())
     assert revision(repo, VERSION_TABLE) == [LATEST]
@@ -125,8 +89,8 @@ def test_tables_and_revisions_live_beside_optunas(url, optuna_first):
     # Both sides still work on the shared file.
     study = optuna.create_study(study_name="s1", storage=optuna_storage)
     study.tell(study.ask(), 1.0)
-    repo.save_study(settings())
-    assert len(study.trials) == 1 and repo.get_study("s1") == settings()
+    repo.save_study(study_settings())
+    assert len(study.trials) == 1 and repo.get_study("s1") == study_settings()
 
 
 def assert_migrated_to_the_schema(url: str) -> None:
@@ -179,7 +143,7 @@ def test_a_schedule_runs_table_made_by_hand_before_0002_is_kept_by_the_upgrade(u
 
 
 def test_studies(repo):
-    first, second = settings("s1"), settings("s2", created_at="2025-05-02T10:00:00+00:00")
+    first, second = study_settings(), study_settings(name="s2", created_at="2025-05-02T10:00:00+00:00")
     repo.save_study(second)
     repo.save_study(first)
     assert repo.get_study("s1") == first
@@ -207,7 +171,7 @@ def test_trace_is_stored_once_per_sha256(repo):
 
 
 def test_trial_with_requests_and_failure_round_trips(repo):
-    repo.save_study(settings())
+    repo.save_study(study_settings())
     records = request_records(5)
     trial = stored(trial_record(records, died=True), state="failed", attempt=2)
     assert trial.failure_class == FailureClass.ENGINE_DIED.value and trial.measurement.requests == 5
@@ -229,7 +193,7 @@ def test_trial_with_requests_and_failure_round_trips(repo):
 
 
 def test_resaving_a_trial_number_replaces_it(repo):
-    repo.save_study(settings())
+    repo.save_study(study_settings())
     first = stored(trial_record(request_records(6), died=True), state="worker_lost")
     repo.save_trial(first, request_records(6))
     other = stored(trial_record(request_records(2), died=False), number=4)
@@ -244,7 +208,7 @@ def test_resaving_a_trial_number_replaces_it(repo):
 
 
 def test_kv_failure_without_requests(repo):
-    repo.save_study(settings())
+    repo.save_study(study_settings())
     log = "INFO loading\nValueError: ... the estimated maximum model length is 2048. Try increasing ...\n"
     failed = replace(trial_record([], died=False), measurement=None, failure=classify_failure(1, log))
     trial = stored(failed, number=0, state="failed", prune_reason=None)
@@ -256,7 +220,7 @@ def test_kv_failure_without_requests(repo):
 
 
 def test_a_proposal_refused_before_launch_keeps_its_class(repo):
-    repo.save_study(settings())
+    repo.save_study(study_settings())
     reason = ("kv_insufficient (predicted): the KV cache is estimated at 512 tokens from num_gpu_blocks_override, "
               "below one request of max_model_len (1024)")
     refused = StoredTrial(
@@ -272,7 +236,7 @@ def test_a_proposal_refused_before_launch_keeps_its_class(repo):
 
 
 def test_foreign_keys_are_enforced(repo):
-    repo.save_study(settings())
+    repo.save_study(study_settings())
     trial_id = repo.save_trial(stored(trial_record(request_records(4), died=True), state="failed"),
                                request_records(4))
     with repo.engine.begin() as conn:
@@ -284,7 +248,7 @@ def test_foreign_keys_are_enforced(repo):
 
 
 def test_two_writers_share_one_database(repo, url):
-    repo.save_study(settings())
+    repo.save_study(study_settings())
     errors: list[BaseException] = []
 
     def write(first: int) -> None:
@@ -310,7 +274,7 @@ def test_records_validate_their_states():
     with pytest.raises(ValueError, match="trial state"):
         stored(trial_record(request_records(2), died=False), state="done")
     with pytest.raises(ValueError, match="boundary"):
-        replace(settings(), boundary="offline")
+        replace(study_settings(), boundary="offline")
 
 
 def test_redact_url():
@@ -371,7 +335,7 @@ def test_the_launch_failures_table_goes_and_comes_back_from_the_trials_without_a
     # Revision 0003 drops tuner_launch_failures, whose columns repeated the trials'; its downgrade rebuilds it.
     command.upgrade(alembic_config(url), LATEST)
     repo = Repository(url)
-    repo.save_study(settings())
+    repo.save_study(study_settings())
     died = stored(trial_record(request_records(4), died=True), state="failed")
     repo.save_trial(died, request_records(4))
     repo.save_trial(stored(trial_record(request_records(2), died=False), number=4), request_records(2))
