@@ -10,8 +10,12 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import psutil
 import pytest
 
@@ -179,3 +183,38 @@ def run_tuner(*args: str) -> subprocess.CompletedProcess:
     result = subprocess.run([sys.executable, "-m", "tuner", *args], capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     return result
+
+
+# Headless Chromium (Debian's) as the tests drive it, with nothing reaching the network.
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run"]
+
+
+@dataclass
+class Dashboard:
+    url: str
+    output: str = ""  # its stdout and stderr, once stopped
+
+
+@contextmanager
+def running_dashboard(common: list[str] | tuple[str, ...]) -> Iterator[Dashboard]:
+    """`tuner dashboard` over a study's storage (`common`: its --storage and --artifacts) on a free port, once
+    its API answers; stopped on leaving, its output then in `.output`."""
+    from tuner.workers.launch import free_port
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "tuner", "dashboard", "--port", str(port), *common],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    dashboard = Dashboard(f"http://127.0.0.1:{port}")
+    try:
+        for _ in range(150):
+            try:
+                httpx.get(f"{dashboard.url}/api/meta").raise_for_status()
+                break
+            except httpx.HTTPError:
+                assert proc.poll() is None, proc.stdout.read()
+                time.sleep(0.2)
+        yield dashboard
+    finally:
+        proc.terminate()
+        dashboard.output, _ = proc.communicate(timeout=10)

@@ -23,12 +23,10 @@ from tuner.workers.measure import Measurement, Percentiles, TrialTimings
 from tuner.workers.replay import Outcome, RequestRecord
 from tuner.workers.server_metrics import TimelineSample
 
+from conftest import CHROMIUM_ARGS
 from factories import measurement, study_settings
 
 PLOT_IDS = ("pareto", "preemptions", "time_split", "timelines", "output_lengths")
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--no-first-run"]
-
 
 def run(label: str, m: Measurement | None = None, failure_class: str | None = None, message: str = "") -> CompareRun:
     failure = f"{failure_class}: {message}" if failure_class else None

@@ -19,6 +19,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
+from conftest import running_dashboard
 from factories import create_small_study
 from postgres import fresh_database
 from tuner.storage import Repository
@@ -120,18 +121,8 @@ def test_everything_stored_in_the_database(study):
 
 @pytest.mark.vllm
 def test_optuna_dashboard_answers(study):
-    port = free_port()
-    dashboard = subprocess.Popen([sys.executable, "-m", "tuner", "dashboard", "--port", str(port), *study["common"]],
-                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(150):
-            try:
-                httpx.get(f"{base}/api/meta").raise_for_status()
-                break
-            except httpx.HTTPError:
-                assert dashboard.poll() is None, dashboard.stdout.read()
-                time.sleep(0.2)
+    with running_dashboard(study["common"]) as dashboard:
+        base = dashboard.url
         study_id = optuna.load_study(study_name="s", storage=study["url"])._study_id
         answers = {path: httpx.get(f"{base}{path}", timeout=30) for path in (
             "/dashboard", "/api/meta", "/api/studies", f"/api/studies/{study_id}",
@@ -145,9 +136,7 @@ def test_optuna_dashboard_answers(study):
         for path, answer in answers.items():
             assert answer.status_code == 200, (path, answer.text[:300])
             assert_password_absent(f"the dashboard's answer to {path}", answer.content, study["password"])
-    finally:
-        dashboard.terminate()
-        output, _ = dashboard.communicate(timeout=10)
+    output = dashboard.output
     assert "***@127.0.0.1" in output
     assert_password_absent("the dashboard's own output", output, study["password"])
 

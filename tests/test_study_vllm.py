@@ -9,15 +9,14 @@ import subprocess
 import sys
 import time
 
-import httpx
 import optuna
 import pytest
 
-from conftest import AZURE_CONV, NO_LATENCY_LIMIT_ARGS, REPO, run_tuner as tuner, vllm_processes
+from conftest import (AZURE_CONV, CHROMIUM_ARGS, NO_LATENCY_LIMIT_ARGS, REPO, run_tuner as tuner, running_dashboard,
+                      vllm_processes)
 from tuner.storage import Repository
 from tuner.study import StoragePlan, enqueue_config
 from tuner.workers.engine_config import EngineConfig
-from tuner.workers.launch import free_port
 
 pytestmark = pytest.mark.vllm
 
@@ -130,23 +129,12 @@ def test_export_holds_every_trial_with_its_measurements(study):
 def test_dashboard_shows_the_pareto_front_and_trial_attributes(study):
     from playwright.sync_api import sync_playwright
 
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "tuner", "dashboard", "--port", str(port), *study["common"]],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(100):
-            try:
-                if httpx.get(f"{url}/dashboard").status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
+    with running_dashboard(study["common"]) as dashboard:
+        url = dashboard.url
         artifacts = REPO / "test-artifacts"
         artifacts.mkdir(exist_ok=True)
         with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=[
-                "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                "--disable-sync", "--no-first-run"])
+            browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
             errors: list[str] = []
             page.on("pageerror", lambda e: errors.append(str(e)))
@@ -163,9 +151,6 @@ def test_dashboard_shows_the_pareto_front_and_trial_attributes(study):
             page.screenshot(path=str(artifacts / "dashboard-trials.png"), full_page=True)
             browser.close()
         assert not errors, errors
-    finally:
-        proc.terminate()
-        proc.wait(10)
 
 
 def test_killed_driver_resumes_keeping_finished_trials_and_rerunning_the_interrupted(study):
