@@ -164,7 +164,7 @@ def test_engines_killed_mid_replay_are_engine_died_and_the_study_goes_on(tiny_mo
         # Only a request the server had begun before the kill can have been served; the kill cost some.
         assert outcomes["ok"] <= kill.served_before < STUDY_REQUESTS, (kill, outcomes)
         assert all((r.sent_s is None) == (r.outcome == "not_sent") for r in requests)
-        assert trial.measurement["outcomes"] == dict(outcomes), "the measurement counts what the requests say"
+        assert trial.measurement.outcomes == dict(outcomes), "the measurement counts what the requests say"
         outcomes_of_killed.append(outcomes)
     after = stored[KILLS]
     assert after.state == "complete" and after.failure_class is None

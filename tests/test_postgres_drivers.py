@@ -48,10 +48,10 @@ def test_four_drivers_share_one_study(tiny_model, tmp_path, postgres_database):
     assert [t.trial_number for t in stored] == list(range(DRIVERS)), "one row per trial, no number twice"
     assert all(t.attempt == 1 and t.state == "complete" for t in stored), [(t.trial_number, t.state) for t in stored]
     for trial, row in zip(frozen, stored):
-        assert len(repo.requests("shared", row.trial_number)) == row.measurement["requests"] == 8
+        assert len(repo.requests("shared", row.trial_number)) == row.measurement.requests == 8
         folder = tmp_path / "artifacts" / "trials" / "shared" / f"trial-{row.trial_number:04d}"
         measured = json.loads((folder / "measurement.json").read_text())
-        assert measured["measurement"] == row.measurement, "each trial's files are its own, not another's"
+        assert measured["measurement"] == row.measurement.to_dict(), "each trial's files are its own, not another's"
         assert (folder / "server.log").stat().st_size > 0
         assert sorted(m.filename for m in trial_artifacts(study, trial)) == sorted(ARTIFACTS)
     ids = [m.artifact_id for trial in frozen for m in trial_artifacts(study, trial)]

@@ -211,7 +211,7 @@ def test_a_study_on_the_newest_trace_starts_from_the_previous_studys_best(lab):
     plan = lab["plan"]
     repo = Repository(plan.url)
     earlier = best_trials(repo, repo.get_study("s"), load_optuna_study("s", plan))
-    carried = [t for t in earlier if t.engine_config.get("max_num_seqs")]  # vLLM's defaults are run anyway
+    carried = [t for t in earlier if t.engine_config.max_num_seqs]  # vLLM's defaults are run anyway
     assert carried, f"ROOMY must be feasible in study s: {[(t.trial_number, t.score) for t in repo.trials('s')]}"
     args = lab["study_args"]
     created = json.loads(tuner("study", "create", "s2", "--trace-latest", str(lab["traces"]), *args,
@@ -224,7 +224,7 @@ def test_a_study_on_the_newest_trace_starts_from_the_previous_studys_best(lab):
     queued = [t.system_attrs.get("fixed_params") for t in waiting]
     assert waiting[0].user_attrs[BASELINE_ATTR] and queued[0] == {}
     searched = ("max_num_seqs", "num_gpu_blocks_override")
-    assert queued[1:] == [{k: t.engine_config[k] for k in searched} for t in carried]
+    assert queued[1:] == [{k: getattr(t.engine_config, k) for k in searched} for t in carried]
     assert [t.user_attrs[WARM_START_ATTR] for t in waiting[1:]] == [f"s trial {t.trial_number}" for t in carried]
     assert all(t.state is optuna.trial.TrialState.WAITING for t in waiting)
 
