@@ -1,7 +1,12 @@
-"""Where a study lives: one database for Optuna's tables and tuner's, and a folder for trial artifacts."""
+"""Where a study lives: one database for Optuna's tables and tuner's, and a folder for trial artifacts.
+
+tuner's tables are migrated the first time this process opens a database, not on every request: an Alembic
+upgrade reads every migration script, which a service answering many requests should not repeat.
+"""
 
 from __future__ import annotations
 
+import threading
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +23,22 @@ from tuner.storage.urls import default_artifact_dir, default_storage_url
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
 warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
 optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+_migrated_urls: set[str] = set()  # databases whose tables this process brought to the newest revision
+_migrating = threading.Lock()  # one upgrade at a time: the service answers requests on several threads
+
+
+def _migrated_already(repo: Repository, url: str) -> bool:
+    """Whether this process migrated the database at `url` and it still holds those tables."""
+    if url not in _migrated_urls:
+        return False
+    if repo.engine.dialect.name != "sqlite":
+        return True
+    # Each engine has an in-memory database of its own, and a file removed since (a test's database made
+    # again) starts empty.
+    database = repo.engine.url.database
+    return bool(database) and database != ":memory:" and Path(database).exists()
+
 
 @dataclass(frozen=True)
 class StoragePlan:
@@ -36,10 +57,13 @@ class StoragePlan:
         return cls(url, Path(artifact_dir) if artifact_dir else default_artifact_dir(url), **kwargs)
 
     def repository(self) -> Repository:
-        """tuner's tables in the plan's database, migrated to the newest revision; DatabaseUnreachable if it cannot
-        be reached."""
+        """tuner's tables in the plan's database, at the newest revision: migrated on the first call of the process
+        for this URL (a failed migration is tried again next call); DatabaseUnreachable if it cannot be reached."""
         repo = Repository(self.url)
-        repo.migrate()
+        with _migrating:
+            if not _migrated_already(repo, self.url):
+                repo.migrate()
+                _migrated_urls.add(self.url)
         return repo
 
     def optuna_storage(self) -> RDBStorage:
