@@ -19,7 +19,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tuner.study import StoragePlan, StudyRunner, WorkerDone, create_study, enqueue_config  # noqa: E402
+from tuner.study.create import create_study, enqueue_config  # noqa: E402
+from tuner.study.events import WorkerDone  # noqa: E402
+from tuner.study.plan import StoragePlan  # noqa: E402
+from tuner.study.runner import StudyRunner  # noqa: E402
 from tuner.traces.selection import TraceSelection  # noqa: E402
 from tuner.workers.engine_config import EngineConfig  # noqa: E402
 

@@ -32,7 +32,7 @@ from tuner.pruning import BoundaryWatch  # noqa: E402
 from tuner.bottleneck import measurement_attrs  # noqa: E402
 from tuner.scoring import DIRECTIONS, boundary, parse_limits, score  # noqa: E402
 from tuner.samplers import make_sampler  # noqa: E402
-from tuner.study import THROUGHPUT_TIE  # noqa: E402
+from tuner.study.recommendation import THROUGHPUT_TIE  # noqa: E402
 from tuner.traces.selection import TraceSelection, load_trace  # noqa: E402
 from tuner.workers.engine_config import EngineConfig  # noqa: E402
 from tuner.workers.measure import Measurement, Percentiles  # noqa: E402

@@ -15,7 +15,7 @@ from tuner.hardware import HardwareInfo
 from tuner.report import (NO_TIMELINE, ReportData, kv_budget_tokens, pareto_figure, read_timeline, render_html,
                           side_by_side, summary, trial_rows)
 from tuner.scoring import Rejection, Score, boundary
-from tuner.study import Recommendation
+from tuner.study.recommendation import Recommendation
 from tuner.traces.records import Trace, TraceRequest
 from tuner.traces.selection import TraceSelection
 from tuner.workers.engine_config import EngineConfig

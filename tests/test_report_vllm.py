@@ -9,7 +9,8 @@ import pytest
 
 from conftest import AZURE_CONV, REPO, run_tuner as tuner
 from test_report import check_page_in_chromium
-from tuner.study import StoragePlan, enqueue_config
+from tuner.study.create import enqueue_config
+from tuner.study.plan import StoragePlan
 from tuner.workers.engine_config import EngineConfig
 from factories import azure_slice, tiny_space
 

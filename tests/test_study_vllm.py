@@ -15,7 +15,8 @@ import pytest
 from conftest import (AZURE_CONV, CHROMIUM_ARGS, NO_LATENCY_LIMIT_ARGS, REPO, run_tuner as tuner, running_dashboard,
                       vllm_processes)
 from tuner.storage import Repository
-from tuner.study import StoragePlan, enqueue_config
+from tuner.study.create import enqueue_config
+from tuner.study.plan import StoragePlan
 from tuner.workers.engine_config import EngineConfig
 
 pytestmark = pytest.mark.vllm

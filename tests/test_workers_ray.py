@@ -20,8 +20,10 @@ import ray
 from conftest import AZURE_CONV, NO_LATENCY_LIMITS, as_at_a_terminal, run_tuner, signal_when_ready, vllm_processes
 from tuner.storage import Repository
 from tuner.errors import TunerError
-from tuner.study import (PoolReady, RunEvent, StoragePlan, StudyRunner, TrialStarted, WorkerDone, create_study,
-                         enqueue_config)
+from tuner.study.create import create_study, enqueue_config
+from tuner.study.events import PoolReady, RunEvent, TrialStarted, WorkerDone
+from tuner.study.plan import StoragePlan
+from tuner.study.runner import StudyRunner
 from tuner.traces.selection import TraceSelection, load_trace
 from tuner.workers.engine_config import EngineConfig
 from tuner.workers.pool import WorkerLost, WorkerPool, _staging_dir

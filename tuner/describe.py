@@ -10,7 +10,7 @@ from tuner.hardware import HardwareInfo
 if TYPE_CHECKING:
     from tuner.storage import StudySettings
     from tuner.scoring import Boundary
-    from tuner.study import Recommendation
+    from tuner.study.recommendation import Recommendation
 
 
 def hardware_line(hw: HardwareInfo | None) -> str:

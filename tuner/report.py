@@ -25,7 +25,7 @@ from typing import Any
 
 from tuner.storage import StoredTrial, StudyModel, StudySettings, TrialState
 from tuner.scoring import Boundary, boundary
-from tuner.study import Recommendation
+from tuner.study.recommendation import Recommendation
 from tuner.describe import boundary_line, hardware_line, recommendation_dict
 from tuner.kv_budget import logged_kv_tokens
 from tuner.workers.engine_config import EngineConfig
@@ -136,7 +136,8 @@ class ReportData:
 
 def collect_report(name: str, plan) -> ReportData:
     """Read a study back: its trials, recommendation, default, request rows, timelines and KV budgets."""
-    from tuner.study import find_baseline, load_optuna_study, recommend
+    from tuner.study.plan import load_optuna_study
+    from tuner.study.recommendation import find_baseline, recommend
 
     repo = plan.repository()
     settings = repo.get_study(name)

@@ -19,7 +19,7 @@ NameArgument = Annotated[str, typer.Argument(help="The schedule.")]
 
 def _book(storage: str | None, artifacts, **kwargs):
     from tuner.schedules import ScheduleBook
-    from tuner.study import StoragePlan
+    from tuner.study.plan import StoragePlan
 
     return ScheduleBook(StoragePlan.resolve(storage, artifacts), **kwargs)
 
@@ -44,7 +44,7 @@ def schedule_add(
     storage: StorageOption = None, artifacts: ArtifactsOption = None, as_json: JsonOption = False,
 ) -> None:
     """Add a schedule; the process hosting the schedules (`tuner serve` or `tuner schedule host`) runs it."""
-    from tuner.study import parse_duration
+    from tuner.durations import parse_duration
 
     window_s = parse_duration(window)
     with _book(storage, artifacts) as book:

@@ -38,7 +38,8 @@ from sqlalchemy import insert, select, update
 from tuner.storage.schema import SCHEDULE_JOBS_TABLE, ScheduleRunRow
 from tuner.describe import context_line, recommendation_context
 from tuner.errors import NotFound, TunerError
-from tuner.study import StoragePlan, load_optuna_study, recommend
+from tuner.study.plan import StoragePlan, load_optuna_study
+from tuner.study.recommendation import recommend
 from tuner.supervisor import RunState, StudyRunChild, run_env, study_run_argv
 
 POLL_S = 5.0  # how often the host looks for schedules that other processes added or made due

@@ -239,7 +239,7 @@ def build_api(studies: LocalStudies, runs: RunBook, schedules: ScheduleBook, tok
 
     @api.post("/schedules", tags=["schedules"], status_code=201, dependencies=guarded)
     def add_schedule(request: ScheduleRequest) -> ScheduleAnswer:
-        from tuner.study import parse_duration
+        from tuner.durations import parse_duration
 
         return schedules.add(request.name, study=request.study, cron=request.cron,
                              window_s=parse_duration(request.window), trials=request.trials).to_dict()
@@ -283,7 +283,7 @@ def _service_deployment():
 
             from tuner.runs import RunBook
             from tuner.schedules import ScheduleBook
-            from tuner.study import StoragePlan
+            from tuner.study.plan import StoragePlan
 
             self.plan = StoragePlan.resolve(config.storage, config.artifacts)
             # Runs, whether started by a request or a schedule, join the service's cluster.

@@ -56,7 +56,7 @@ def serve(
 
     from tuner.storage.urls import redact_url
     from tuner.service import APP_NAME, SHUTDOWN_TIMEOUT_S, ServiceConfig, _service_deployment, read_token
-    from tuner.study import StoragePlan
+    from tuner.study.plan import StoragePlan
 
     token = read_token(token_file)
     if token is None and not loopback:

@@ -200,7 +200,7 @@ class LocalStudies:
         self.plan = plan
 
     def _open(self, name: str):
-        from tuner.study import load_optuna_study
+        from tuner.study.plan import load_optuna_study
 
         repo = self.plan.repository()
         return repo, repo.get_study(name), load_optuna_study(name, self.plan)
@@ -211,7 +211,8 @@ class LocalStudies:
         from tuner.traces.selection import TraceSelection
         from tuner.paths import bundled_trace
         from tuner.scoring import parse_limits
-        from tuner.study import create_study, latest_trace, warm_start
+        from tuner.study.create import create_study, latest_trace
+        from tuner.study.warm_start import warm_start
 
         if request.trace and request.trace_latest:
             raise TunerError("give a trace or a folder to take the latest trace from, not both")
@@ -244,7 +245,7 @@ class LocalStudies:
     def status(self, name: str) -> StudyStatus:
         from optuna.trial import TrialState
 
-        from tuner.study import recommend
+        from tuner.study.recommendation import recommend
 
         repo, settings, study = self._open(name)
         stored = repo.trials(name)
@@ -261,7 +262,7 @@ class LocalStudies:
                      **recommendation_context(rec, settings)} if rec else None})
 
     def best(self, name: str) -> RecommendationAnswer:
-        from tuner.study import recommend
+        from tuner.study.recommendation import recommend
 
         repo, settings, study = self._open(name)
         rec = recommend(repo, settings, study)
@@ -270,7 +271,7 @@ class LocalStudies:
         return RecommendationAnswer.model_validate(recommendation_dict(rec, settings))
 
     def enqueue(self, name: str, assignments: list[str]) -> Enqueued:
-        from tuner.study import enqueue_config
+        from tuner.study.create import enqueue_config
         from tuner.workers.engine_config import EngineConfig
 
         config = EngineConfig.from_assignments(assignments)
@@ -278,7 +279,7 @@ class LocalStudies:
         return Enqueued(study=name, engine_config=config.to_dict())
 
     def export(self, name: str, format: str, requests: bool) -> str:
-        from tuner.study import recommend
+        from tuner.study.recommendation import recommend
 
         if format not in EXPORT_FORMATS:
             raise TunerError(f"--format must be json or csv, got {format!r}")

@@ -17,8 +17,8 @@ from rich.table import Table
 from tuner.console import err, out, print_json, progress_bar
 from tuner.errors import TunerError
 
-if TYPE_CHECKING:  # tuner.study imports Ray: only the commands that run a study load it
-    from tuner.study import RunEvent, RunReport, TrialStarted, TrialSummary
+if TYPE_CHECKING:  # annotations only: the commands load what they run when they run
+    from tuner.study.events import RunEvent, RunReport, TrialStarted, TrialSummary
 
 study_app = typer.Typer(help="Studies: a search over engine configurations, measured trial by trial.",
                         no_args_is_help=True)
@@ -38,7 +38,7 @@ TokenFileOption = Annotated[Optional[Path], typer.Option(
 
 
 def _plan(storage: str | None, artifacts: Path | None, **kwargs):
-    from tuner.study import StoragePlan
+    from tuner.study.plan import StoragePlan
 
     return StoragePlan.resolve(storage, artifacts, **kwargs)
 
@@ -161,7 +161,7 @@ def study_run(
                                      f"own Ray cluster and settings")
     stop_at = window_s = None
     if window is not None:
-        from tuner.study import parse_duration
+        from tuner.durations import parse_duration
 
         if timeout is not None or until is not None:
             raise typer.BadParameter("give --window, or --timeout or --until, not both")
@@ -221,7 +221,8 @@ def _stop_on_signals(runner, signalled: list[str]) -> dict:
 
 def _run_here(name, trials, parallel, ray_address, deadline, stop_at, prune, heartbeat, grace, storage, artifacts,
               events, signalled, progress, overall, started, done) -> RunReport:
-    from tuner.study import PoolReady, StudyRunner, TrialDone, TrialStarted
+    from tuner.study.events import PoolReady, TrialDone, TrialStarted
+    from tuner.study.runner import StudyRunner
 
     plan = _plan(storage, artifacts, heartbeat_interval_s=heartbeat, grace_period_s=grace)
     log = open(events, "a", buffering=1) if events else None
@@ -263,7 +264,7 @@ def _run_on_service(name, trials, parallel, timeout_s, window_s, prune, server, 
     from types import SimpleNamespace
 
     from tuner.service_client import remote_studies
-    from tuner.study import TrialStarted, TrialSummary
+    from tuner.study.events import TrialStarted, TrialSummary
 
     studies = remote_studies(server, token_file)
     run = studies.start_run(name, trials, parallel, timeout_s, window_s, prune)
@@ -301,7 +302,7 @@ def _run_on_service(name, trials, parallel, timeout_s, window_s, prune, server, 
             signal.signal(sig, handler)
     if run["state"] == "failed" or run["result"] is None:
         raise TunerError(f"the run failed on the service: {run['error'] or run['state']}")
-    from tuner.study import RunReport
+    from tuner.study.events import RunReport
 
     return RunReport.from_dict(run["result"])
 

@@ -1,22 +1,15 @@
-"""A study: Optuna proposes engine configurations, each is run as a real trial, scored and remembered.
-
-Optuna keeps the search (its RDBStorage: trials, parameters, objective values, constraints); the project's
-tables keep what was measured (storage.Repository). One database holds both. Every study first runs vLLM's
-default configuration (the search space's fixed values alone) as an enqueued baseline.
-"""
+"""Running a stored study: its trials on Ray workers, `parallel` at a time, each scored, stored and told to
+Optuna. The only module of tuner.study that imports Ray."""
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import math
-import re
 import statistics
 import threading
 import time
-import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -28,261 +21,31 @@ from optuna.trial import FrozenTrial
 from optuna.trial import TrialState as OptunaState
 from sqlalchemy.exc import OperationalError
 
-from tuner.search_spaces import PREDICTED_KV_INSUFFICIENT, SearchSpace, SpaceContext, load_space, parse_space
-from tuner.search_spaces.derive import AUTO_SPACE, derive_space
-from tuner.storage import DatabaseUnreachable, Repository, StoredTrial, StudyModel, StudySettings, TrialState
-from tuner.storage.artifacts import attach_trial_artifacts
-from tuner.storage.urls import default_artifact_dir, default_storage_url
 from tuner.bottleneck import measurement_attrs
-from tuner.errors import NotFound, TunerError
 from tuner.hardware import detect_hardware
-from tuner.kv_budget import (DeviceMemory, KvPrediction, ModelMemory, estimate_kv, logged_kv_tokens,
-                             read_model_memory)
-from tuner.models import ModelInfo, inspect_model
+from tuner.kv_budget import KvPrediction, estimate_kv, logged_kv_tokens
 from tuner.pruning import BoundaryWatch
-from tuner.samplers import DEFAULT_SAMPLER, make_sampler
-from tuner.scoring import DIRECTIONS, OBJECTIVE_NAMES, Boundary, Rejection, Score, boundary, score
+from tuner.samplers import make_sampler
+from tuner.scoring import Rejection, Score, score
+from tuner.search_spaces import PREDICTED_KV_INSUFFICIENT
+from tuner.storage import DatabaseUnreachable, Repository, StoredTrial, StudySettings, TrialState
+from tuner.storage.artifacts import attach_trial_artifacts
+from tuner.study.attrs import BASELINE_ATTR, KV_LOGGED_ATTR, KV_PREDICTION_ATTR, RERUN_ATTR
+from tuner.study.create import study_context
+from tuner.study.events import (NO_TIME_LEFT, WINDOW_END, PoolReady, RunEvent, RunReport, TrialDone, TrialStarted,
+                                TrialSummary, WorkerDone)
+from tuner.study.plan import StoragePlan
 from tuner.traces.records import Trace
-from tuner.traces.selection import TraceSelection, fit_trace, load_trace
-from tuner.traces.stats import trace_stats
+from tuner.traces.selection import fit_trace
 from tuner.workers.engine_config import EngineConfig
 from tuner.workers.pool import WorkerLost, WorkerPool, WorkerResult
 from tuner.workers.trial import ARTIFACTS, TrialOutcome, TrialSpec
 
-
-# Heartbeats and retries are marked experimental, and Optuna warns when heartbeats are used outside
-# study.optimize: this module drives them itself (see _Heartbeat), deliberately.
-warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
-warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
-optuna.logging.set_verbosity(optuna.logging.WARNING)
-BASELINE_ATTR = "baseline"
-RERUN_ATTR = "rerun_of"  # a configuration re-run because its worker was lost or its run stopped mid-trial
-WARM_START_ATTR = "warm_start_from"  # a configuration carried over from an earlier study
-KV_PREDICTION_ATTR = "kv_prediction"  # a launched trial's estimated KV cache (KvPrediction.to_dict())...
-KV_LOGGED_ATTR = "kv_logged_tokens"  # ...and the size vLLM then logged, beside its state and failure class
-WINDOW_END = "stopped at the window's end"
-NO_TIME_LEFT = "no time left in the window for another trial"
 # Proposals rejected before launch cost no trial of a run's budget, up to this many in a row (a space whose
 # rules reject almost everything must still end).
 MAX_REJECTED_IN_A_ROW = 20
 # How often a run with trials in flight looks at the clock and for a stop request.
 STOP_POLL_S = 1.0
-
-_DURATION = re.compile(r"(?:\d+(?:\.\d+)?[hms])+")
-_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)([hms])")
-_UNIT_S = {"h": 3600.0, "m": 60.0, "s": 1.0}
-
-
-def parse_duration(text: str) -> float:
-    """Seconds in a duration such as `5h`, `30m`, `90s` or `1h30m` (a bare number is seconds)."""
-    compact = text.strip().lower().replace(" ", "")
-    try:
-        seconds = float(compact)
-    except ValueError:
-        if not _DURATION.fullmatch(compact):
-            raise TunerError(f"a duration is like 5h, 30m, 90s or 1h30m, got {text!r}") from None
-        seconds = sum(float(number) * _UNIT_S[unit] for number, unit in _DURATION_PART.findall(compact))
-    if not math.isfinite(seconds) or seconds <= 0:
-        raise TunerError(f"a duration must be more than 0 s, got {text!r}")
-    return seconds
-
-
-@dataclass(frozen=True)
-class StoragePlan:
-    """Where a study lives: the database URL and the folder of its trial artifacts."""
-
-    url: str
-    artifact_dir: Path
-    heartbeat_interval_s: int = 30  # a running trial proves its driver alive this often...
-    grace_period_s: int = 90  # ...and is taken for interrupted once silent this long
-
-    @classmethod
-    def resolve(cls, url: str | None, artifact_dir: str | Path | None = None, **kwargs) -> StoragePlan:
-        url = url or default_storage_url()
-        return cls(url, Path(artifact_dir) if artifact_dir else default_artifact_dir(url), **kwargs)
-
-    def repository(self) -> Repository:
-        repo = Repository(self.url)
-        repo.migrate()
-        return repo
-
-    def optuna_storage(self) -> RDBStorage:
-        return RDBStorage(self.url, heartbeat_interval=self.heartbeat_interval_s, grace_period=self.grace_period_s,
-                          heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=1))
-
-
-@dataclass(frozen=True)
-class StudyContext:
-    """A stored study made ready to run: its space, boundary and trace, checked against what was stored."""
-
-    settings: StudySettings
-    space: SearchSpace
-    boundary: Boundary
-    selection: TraceSelection
-    trace: Trace  # windowed, capped, rate-scaled; fitted per trial
-    space_context: SpaceContext
-
-
-def _stored_space(settings: StudySettings) -> SearchSpace:
-    """The space exactly as stored with the study (the file it came from may have changed since). Parsed from
-    the stored text, never through a shared scratch file: drivers starting at once would read half-written ones."""
-    return parse_space(settings.space_text, Path(f"{settings.space_name}.yaml"))
-
-
-def study_context(settings: StudySettings, plan: StoragePlan) -> StudyContext:
-    """The stored study made ready to run; TunerError if its trace file changed since it was created."""
-    selection = settings.trace_selection
-    trace = load_trace(settings.trace_path, selection)
-    if trace.sha256 != settings.trace_sha256:
-        raise TunerError(f"{settings.trace_path} changed since study {settings.name!r} was created "
-                         f"(sha256 {trace.sha256[:12]}, stored {settings.trace_sha256[:12]})")
-    space = _stored_space(settings)
-    # The model's sizes as stored at creation (no transformers import per run); a study created before they
-    # were stored reads them from the folder.
-    memory = settings.model_info.memory or read_model_memory(settings.model)
-    return StudyContext(settings, space, boundary(settings.boundary, settings.limits), selection, trace,
-                        machine_space_context(inspect_model(settings.model), memory, trace, selection.fit))
-
-
-def machine_space_context(info: ModelInfo, memory: ModelMemory, trace: Trace, fit: str | None) -> SpaceContext:
-    """What a proposal is judged against on this machine, its estimated KV cache included."""
-    hardware = detect_hardware()
-    platform = "cuda" if hardware.accelerator == "cuda" else "cpu"
-    return SpaceContext.for_run(platform, info, trace, fit, memory, DeviceMemory.of_machine(hardware))
-
-
-def create_study(name: str, *, model: str | Path, trace_path: str | Path, selection: TraceSelection,
-                 space: str | Path, boundary_name: str, limits: dict, plan: StoragePlan, sampler: str = DEFAULT_SAMPLER,
-                 seed: int | None = None, request_timeout_s: float = 600.0,
-                 startup_timeout_s: float = 600.0) -> StudySettings:
-    """Check everything a run will need, then store the study and enqueue its baseline."""
-    if not name or len(name) > 200:
-        raise TunerError("a study name must be 1 to 200 characters")
-    make_sampler(sampler, seed)
-    bound = boundary(boundary_name, limits)
-    info = inspect_model(model)
-    trace = load_trace(trace_path, selection)
-    memory = read_model_memory(model)
-    space_context = machine_space_context(info, memory, trace, selection.fit)
-    loaded_space = (derive_space(memory, space_context.device, trace, selection.fit).space
-                    if str(space) == AUTO_SPACE else load_space(space))
-    refused = loaded_space.violations(loaded_space.baseline(), space_context)
-    if refused:
-        raise TunerError(f"the space's baseline (its fixed values) would be refused: {'; '.join(refused)}")
-    repo = plan.repository()
-    storage = plan.optuna_storage()
-    if name in {s.study_name for s in optuna.get_all_study_summaries(storage, include_best_trial=False)} \
-            or name in {s.name for s in repo.list_studies()}:
-        raise TunerError(f"study {name} already exists")
-    settings = StudySettings(
-        name=name, created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        model=str(Path(model).resolve()),
-        model_info=StudyModel.of(info, memory),
-        trace_path=str(Path(trace_path).resolve()), trace_sha256=trace.sha256, trace_selection=selection,
-        boundary=bound.name, limits=limits, space_name=loaded_space.name, space_text=loaded_space.text,
-        sampler=sampler, seed=seed, request_timeout_s=request_timeout_s, startup_timeout_s=startup_timeout_s)
-    repo.save_study(settings)
-    repo.save_trace(trace, trace_stats(trace))
-    study = optuna.create_study(study_name=name, storage=storage, directions=list(DIRECTIONS))
-    study.set_metric_names(list(OBJECTIVE_NAMES))
-    study.set_user_attr("boundary", bound.to_dict())
-    study.set_user_attr("space", loaded_space.name)
-    study.enqueue_trial({}, user_attrs={BASELINE_ATTR: True})
-    return settings
-
-
-@dataclass(frozen=True)
-class TrialSummary:
-    """What a study run says about one trial as it ends (for progress lines and tests)."""
-
-    number: int
-    state: TrialState  # any but interrupted
-    baseline: bool
-    config: EngineConfig
-    score: Score | None = None
-    failure_class: str | None = None
-    reason: str | None = None  # failure message, prune reason or infeasibility
-
-    def to_dict(self) -> dict:
-        """JSON-ready: what `tuner study run --json` and the run's events file hold for the trial."""
-        return {"number": self.number, "state": self.state.value, "baseline": self.baseline,
-                "config": self.config.to_dict(), "score": self.score.to_dict() if self.score else None,
-                "failure_class": self.failure_class, "reason": self.reason}
-
-    @classmethod
-    def from_dict(cls, data: dict) -> TrialSummary:
-        """The summary `to_dict` gave (as the service sends a run's progress)."""
-        return cls(data["number"], TrialState(data["state"]), data["baseline"], EngineConfig.from_dict(data["config"]),
-                   Score.from_dict(data["score"]) if data["score"] else None, data["failure_class"], data["reason"])
-
-
-@dataclass
-class RunReport:
-    """What a run did: every trial it ended, and why it stopped before its budget if it did."""
-
-    trials: list[TrialSummary] = field(default_factory=list)
-    stopped_early: str | None = None  # why fewer trials ran than asked
-
-    def to_dict(self) -> dict:
-        """JSON-ready: what `tuner study run --json` prints."""
-        return {"trials": [t.to_dict() for t in self.trials], "stopped_early": self.stopped_early}
-
-    @classmethod
-    def from_dict(cls, data: dict) -> RunReport:
-        """The report `to_dict` gave (as a run on the service hands it back)."""
-        return cls([TrialSummary.from_dict(t) for t in data["trials"]], data["stopped_early"])
-
-
-# What a run tells its caller as it goes (`StudyRunner(on_event=...)`): one record per kind of event.
-
-
-@dataclass(frozen=True)
-class PoolReady:
-    """The workers are up; no trial is in flight yet."""
-
-    slots: int
-    pool: WorkerPool
-
-
-@dataclass(frozen=True)
-class TrialStarted:
-    """A trial was asked of Optuna and is about to be checked and launched on a slot."""
-
-    number: int
-    baseline: bool
-    config: EngineConfig
-    slot: int
-    at: float  # time.time()
-
-    def to_dict(self) -> dict:
-        """JSON-ready, as the run's events file holds it."""
-        return {"number": self.number, "baseline": self.baseline, "config": self.config.to_dict(),
-                "slot": self.slot, "at": self.at}
-
-    @classmethod
-    def from_dict(cls, data: dict) -> TrialStarted:
-        """The event `to_dict` gave (other keys, such as the events file's `kind`, are left out)."""
-        return cls(data["number"], data["baseline"], EngineConfig.from_dict(data["config"]), data["slot"], data["at"])
-
-
-@dataclass(frozen=True)
-class WorkerDone:
-    """A worker handed back a trial's result (before it is scored and stored)."""
-
-    number: int
-    slot: int
-    node: str
-    scheduling_s: float | None  # from the slot freeing to this trial's engine launch; None for a slot's first
-
-
-@dataclass(frozen=True)
-class TrialDone:
-    """A trial ended and was stored, whatever its state."""
-
-    summary: TrialSummary
-
-
-RunEvent = PoolReady | TrialStarted | WorkerDone | TrialDone
 
 
 class _Heartbeat:
@@ -370,7 +133,7 @@ class StudyRunner:
         self.plan = plan
         self.repo = plan.repository()
         self.settings = self.repo.get_study(name)
-        self.ctx = study_context(self.settings, plan)
+        self.ctx = study_context(self.settings)
         self.storage = plan.optuna_storage()
         self.study = optuna.load_study(study_name=name, storage=self.storage)
         self.study.sampler = make_sampler(self.settings.sampler, self.settings.seed)
@@ -652,159 +415,3 @@ class StudyRunner:
         summary = TrialSummary(trial.number, state, baseline, config, scored, failure_class, reason)
         self._emit(TrialDone(summary))
         return summary
-
-
-def enqueue_config(name: str, plan: StoragePlan, config: EngineConfig, user_attrs: dict | None = None) -> None:
-    """Queue a configuration to be run next, ahead of the sampler (a known good one, or one to check).
-
-    Its searched settings become the trial's parameters; settings the space fixes must agree with it."""
-    repo = plan.repository()
-    settings = repo.get_study(name)
-    space = _stored_space(settings)
-    values = config.to_dict()
-    for key, fixed in space.fixed.items():
-        if key in values and values[key] != fixed:
-            raise TunerError(f"{key} is fixed to {fixed!r} in space {space.name}, got {values[key]!r}")
-    unknown = sorted(set(values) - set(space.fixed) - set(space.parameters))
-    if unknown:
-        raise TunerError(f"{unknown[0]} is not searched in space {space.name}: "
-                         f"searched are {', '.join(sorted(space.parameters)) or 'none'}")
-    load_optuna_study(name, plan).enqueue_trial({k: v for k, v in values.items() if k in space.parameters},
-                                                user_attrs=user_attrs, skip_if_exists=False)
-
-
-# --- reading a study back ------------------------------------------------------------------------------
-
-# Completed throughput within this share of the best counts as a tie, settled by the lower p95: in an open
-# loop every configuration that keeps up completes at about the offered rate.
-THROUGHPUT_TIE = 0.01
-
-
-@dataclass(frozen=True)
-class Recommendation:
-    """The configuration a study recommends under its boundary, and vLLM's default one to compare it with."""
-
-    trial: StoredTrial  # feasible: complete and scored
-    boundary: Boundary
-    baseline: StoredTrial | None  # vLLM's default configuration, as run first
-
-    @property
-    def gain(self) -> dict[str, float] | None:
-        """Throughput and p95 of the recommendation over the baseline's, when the baseline was scored."""
-        base = self.baseline.scored if self.baseline is not None else None
-        if base is None or not base.completed_rps:
-            return None
-        rec = self.trial.scored
-        return {"completed_rps_ratio": rec.completed_rps / base.completed_rps,
-                "e2e_p95_ratio": rec.e2e_p95_s / base.e2e_p95_s if base.e2e_p95_s else math.nan}
-
-
-def find_baseline(trials: list[StoredTrial], optuna_study: optuna.Study) -> StoredTrial | None:
-    """vLLM's default configuration as run in the study: its completed run if any, else its first try."""
-    numbers = {t.number for t in optuna_study.get_trials(deepcopy=False) if t.user_attrs.get(BASELINE_ATTR)}
-    baselines = [t for t in trials if t.trial_number in numbers]
-    return next((t for t in baselines if t.state is TrialState.COMPLETE), baselines[0] if baselines else None)
-
-
-def recommend(repo: Repository, settings: StudySettings, optuna_study: optuna.Study) -> Recommendation | None:
-    """The feasible trial with the highest completed throughput (near-ties to the lower p95 latency)."""
-    trials = repo.trials(settings.name)
-    feasible = [t for t in trials if t.feasible]
-    baseline = find_baseline(trials, optuna_study)
-    bound = boundary(settings.boundary, settings.limits)
-    if not feasible:
-        return None
-    top = max(t.scored.completed_rps for t in feasible)
-    contenders = [t for t in feasible if t.scored.completed_rps >= top * (1 - THROUGHPUT_TIE)]
-    best = min(contenders, key=lambda t: (t.scored.e2e_p95_s, -t.scored.completed_rps))
-    return Recommendation(best, bound, baseline)
-
-
-def load_optuna_study(name: str, plan: StoragePlan) -> optuna.Study:
-    try:
-        return optuna.load_study(study_name=name, storage=plan.optuna_storage())
-    except KeyError:
-        raise NotFound(f"no study named {name}") from None
-
-
-# --- warm start: a new study begins where an earlier one got to ----------------------------------------
-
-WARM_START_LIMIT = 4  # the best few configurations are carried over, not the whole earlier study
-
-
-def latest_trace(folder: str | Path) -> Path:
-    """The most recently modified file in `folder`, hidden files aside (a tie goes to the later name)."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise TunerError(f"{folder} is not a folder")
-    files = [p for p in folder.iterdir() if p.is_file() and not p.name.startswith(".")]
-    if not files:
-        raise TunerError(f"no trace file in {folder}")
-    return max(files, key=lambda p: (p.stat().st_mtime, p.name))
-
-
-@dataclass(frozen=True)
-class WarmStart:
-    source: str  # the earlier study
-    trials: list[int]  # its trials whose configurations were queued, best first
-    configs: list[EngineConfig]
-    skipped: list[str]  # configurations that the new study's space refuses, and why
-
-    def to_dict(self) -> dict:
-        return {"from": self.source, "trials": self.trials, "configs": [c.to_dict() for c in self.configs],
-                "skipped": self.skipped}
-
-
-def previous_study(repo: Repository, settings: StudySettings, plan: StoragePlan) -> StudySettings | None:
-    """The most recent study created before this one on the same model and the same search space that found a
-    configuration meeting its boundary."""
-    same = (settings.model, settings.space_name, settings.space_text)
-    for earlier in reversed(repo.list_studies()):
-        if (earlier.name != settings.name and earlier.created_at <= settings.created_at
-                and (earlier.model, earlier.space_name, earlier.space_text) == same
-                and recommend(repo, earlier, load_optuna_study(earlier.name, plan)) is not None):
-            return earlier
-    return None
-
-
-def best_trials(repo: Repository, settings: StudySettings, optuna_study: optuna.Study) -> list[StoredTrial]:
-    """The feasible trials, the recommendation first and then by completed throughput."""
-    rec = recommend(repo, settings, optuna_study)
-    if rec is None:
-        return []
-    others = [t for t in repo.trials(settings.name) if t.feasible and t.trial_number != rec.trial.trial_number]
-    return [rec.trial, *sorted(others, key=lambda t: -t.scored.completed_rps)]
-
-
-def warm_start(name: str, plan: StoragePlan, source: str | None = None) -> WarmStart | None:
-    """Queue the best configurations of an earlier study (`source`, else `previous_study`) to run right after
-    the baseline, ahead of the sampler; None when there is no such study.
-
-    vLLM's default configuration is left out (every study runs it first anyway), and so are repeats."""
-    repo = plan.repository()
-    settings = repo.get_study(name)
-    earlier = repo.get_study(source) if source is not None else previous_study(repo, settings, plan)
-    if earlier is None:
-        return None
-    space = _stored_space(settings)
-    chosen: list[tuple[int, EngineConfig]] = []
-    skipped: list[str] = []
-    seen: set[tuple] = set()
-    for trial in best_trials(repo, earlier, load_optuna_study(earlier.name, plan)):
-        config = trial.engine_config
-        searched = tuple(sorted((k, v) for k, v in config.to_dict().items() if k in space.parameters))
-        if not searched or searched in seen:
-            continue
-        seen.add(searched)
-        origin = {WARM_START_ATTR: f"{earlier.name} trial {trial.trial_number}"}
-        try:
-            enqueue_config(name, plan, config, user_attrs=origin)
-        except TunerError as exc:
-            skipped.append(f"trial {trial.trial_number}: {exc}")
-            continue
-        chosen.append((trial.trial_number, config))
-        if len(chosen) == WARM_START_LIMIT:
-            break
-    warm = WarmStart(earlier.name, [n for n, _ in chosen], [c for _, c in chosen], skipped)
-    load_optuna_study(name, plan).set_user_attr("warm_start", warm.to_dict())
-    return warm

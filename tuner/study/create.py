@@ -1,0 +1,136 @@
+"""Making a study: checked and stored with its baseline enqueued (`create_study`), configurations queued ahead
+of the sampler (`enqueue_config`), and a stored study loaded back ready to run (`study_context`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import optuna
+
+from tuner.errors import TunerError
+from tuner.hardware import detect_hardware
+from tuner.kv_budget import DeviceMemory, ModelMemory, read_model_memory
+from tuner.models import ModelInfo, inspect_model
+from tuner.samplers import DEFAULT_SAMPLER, make_sampler
+from tuner.scoring import DIRECTIONS, OBJECTIVE_NAMES, Boundary, boundary
+from tuner.search_spaces import SearchSpace, SpaceContext, load_space, parse_space
+from tuner.search_spaces.derive import AUTO_SPACE, derive_space
+from tuner.storage import StudyModel, StudySettings
+from tuner.study.attrs import BASELINE_ATTR
+from tuner.study.plan import StoragePlan, load_optuna_study
+from tuner.traces.records import Trace
+from tuner.traces.selection import TraceSelection, load_trace
+from tuner.traces.stats import trace_stats
+from tuner.workers.engine_config import EngineConfig
+
+
+@dataclass(frozen=True)
+class StudyContext:
+    """A stored study made ready to run: its space, boundary and trace, checked against what was stored."""
+
+    settings: StudySettings
+    space: SearchSpace
+    boundary: Boundary
+    selection: TraceSelection
+    trace: Trace  # windowed, capped, rate-scaled; fitted per trial
+    space_context: SpaceContext
+
+
+def stored_space(settings: StudySettings) -> SearchSpace:
+    """The space exactly as stored with the study (the file it came from may have changed since). Parsed from
+    the stored text, never through a shared scratch file: drivers starting at once would read half-written ones."""
+    return parse_space(settings.space_text, Path(f"{settings.space_name}.yaml"))
+
+
+def study_context(settings: StudySettings) -> StudyContext:
+    """The stored study made ready to run; TunerError if its trace file changed since it was created."""
+    selection = settings.trace_selection
+    trace = load_trace(settings.trace_path, selection)
+    if trace.sha256 != settings.trace_sha256:
+        raise TunerError(f"{settings.trace_path} changed since study {settings.name!r} was created "
+                         f"(sha256 {trace.sha256[:12]}, stored {settings.trace_sha256[:12]})")
+    space = stored_space(settings)
+    # The model's sizes as stored at creation (no transformers import per run); a study created before they
+    # were stored reads them from the folder.
+    memory = settings.model_info.memory or read_model_memory(settings.model)
+    return StudyContext(settings, space, boundary(settings.boundary, settings.limits), selection, trace,
+                        machine_space_context(inspect_model(settings.model), memory, trace, selection.fit))
+
+
+def machine_space_context(info: ModelInfo, memory: ModelMemory, trace: Trace, fit: str | None) -> SpaceContext:
+    """What a proposal is judged against on this machine, its estimated KV cache included."""
+    hardware = detect_hardware()
+    platform = "cuda" if hardware.accelerator == "cuda" else "cpu"
+    return SpaceContext.for_run(platform, info, trace, fit, memory, DeviceMemory.of_machine(hardware))
+
+
+def create_study(name: str, *, model: str | Path, trace_path: str | Path, selection: TraceSelection,
+                 space: str | Path, boundary_name: str, limits: dict, plan: StoragePlan, sampler: str = DEFAULT_SAMPLER,
+                 seed: int | None = None, request_timeout_s: float = 600.0,
+                 startup_timeout_s: float = 600.0) -> StudySettings:
+    """Check everything a run will need, then store the study and enqueue its baseline."""
+    if not name or len(name) > 200:
+        raise TunerError("a study name must be 1 to 200 characters")
+    make_sampler(sampler, seed)
+    bound = boundary(boundary_name, limits)
+    info = inspect_model(model)
+    trace = load_trace(trace_path, selection)
+    memory = read_model_memory(model)
+    space_context = machine_space_context(info, memory, trace, selection.fit)
+    loaded_space = (derive_space(memory, space_context.device, trace, selection.fit).space
+                    if str(space) == AUTO_SPACE else load_space(space))
+    refused = loaded_space.violations(loaded_space.baseline(), space_context)
+    if refused:
+        raise TunerError(f"the space's baseline (its fixed values) would be refused: {'; '.join(refused)}")
+    repo = plan.repository()
+    storage = plan.optuna_storage()
+    if name in {s.study_name for s in optuna.get_all_study_summaries(storage, include_best_trial=False)} \
+            or name in {s.name for s in repo.list_studies()}:
+        raise TunerError(f"study {name} already exists")
+    settings = StudySettings(
+        name=name, created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        model=str(Path(model).resolve()),
+        model_info=StudyModel.of(info, memory),
+        trace_path=str(Path(trace_path).resolve()), trace_sha256=trace.sha256, trace_selection=selection,
+        boundary=bound.name, limits=limits, space_name=loaded_space.name, space_text=loaded_space.text,
+        sampler=sampler, seed=seed, request_timeout_s=request_timeout_s, startup_timeout_s=startup_timeout_s)
+    repo.save_study(settings)
+    repo.save_trace(trace, trace_stats(trace))
+    study = optuna.create_study(study_name=name, storage=storage, directions=list(DIRECTIONS))
+    study.set_metric_names(list(OBJECTIVE_NAMES))
+    study.set_user_attr("boundary", bound.to_dict())
+    study.set_user_attr("space", loaded_space.name)
+    study.enqueue_trial({}, user_attrs={BASELINE_ATTR: True})
+    return settings
+
+
+def enqueue_config(name: str, plan: StoragePlan, config: EngineConfig, user_attrs: dict | None = None) -> None:
+    """Queue a configuration to be run next, ahead of the sampler (a known good one, or one to check).
+
+    Its searched settings become the trial's parameters; settings the space fixes must agree with it."""
+    repo = plan.repository()
+    settings = repo.get_study(name)
+    space = stored_space(settings)
+    values = config.to_dict()
+    for key, fixed in space.fixed.items():
+        if key in values and values[key] != fixed:
+            raise TunerError(f"{key} is fixed to {fixed!r} in space {space.name}, got {values[key]!r}")
+    unknown = sorted(set(values) - set(space.fixed) - set(space.parameters))
+    if unknown:
+        raise TunerError(f"{unknown[0]} is not searched in space {space.name}: "
+                         f"searched are {', '.join(sorted(space.parameters)) or 'none'}")
+    load_optuna_study(name, plan).enqueue_trial({k: v for k, v in values.items() if k in space.parameters},
+                                                user_attrs=user_attrs, skip_if_exists=False)
+
+
+def latest_trace(folder: str | Path) -> Path:
+    """The most recently modified file in `folder`, hidden files aside (a tie goes to the later name)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise TunerError(f"{folder} is not a folder")
+    files = [p for p in folder.iterdir() if p.is_file() and not p.name.startswith(".")]
+    if not files:
+        raise TunerError(f"no trace file in {folder}")
+    return max(files, key=lambda p: (p.stat().st_mtime, p.name))

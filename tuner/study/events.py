@@ -1,0 +1,112 @@
+"""What a study run reports: one record per trial it ends, the run's report, and the events it sends its caller
+as it goes (`StudyRunner(on_event=...)`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from tuner.scoring import Score
+from tuner.storage import TrialState
+from tuner.workers.engine_config import EngineConfig
+
+if TYPE_CHECKING:  # the pool imports Ray: only the runner, which makes one, loads it
+    from tuner.workers.pool import WorkerPool
+
+# Why a run stopped before its budget (RunReport.stopped_early), besides a stop asked from outside.
+WINDOW_END = "stopped at the window's end"
+NO_TIME_LEFT = "no time left in the window for another trial"
+
+
+@dataclass(frozen=True)
+class TrialSummary:
+    """What a study run says about one trial as it ends (for progress lines and tests)."""
+
+    number: int
+    state: TrialState  # any but interrupted
+    baseline: bool
+    config: EngineConfig
+    score: Score | None = None
+    failure_class: str | None = None
+    reason: str | None = None  # failure message, prune reason or infeasibility
+
+    def to_dict(self) -> dict:
+        """JSON-ready: what `tuner study run --json` and the run's events file hold for the trial."""
+        return {"number": self.number, "state": self.state.value, "baseline": self.baseline,
+                "config": self.config.to_dict(), "score": self.score.to_dict() if self.score else None,
+                "failure_class": self.failure_class, "reason": self.reason}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> TrialSummary:
+        """The summary `to_dict` gave (as the service sends a run's progress)."""
+        return cls(data["number"], TrialState(data["state"]), data["baseline"], EngineConfig.from_dict(data["config"]),
+                   Score.from_dict(data["score"]) if data["score"] else None, data["failure_class"], data["reason"])
+
+
+@dataclass
+class RunReport:
+    """What a run did: every trial it ended, and why it stopped before its budget if it did."""
+
+    trials: list[TrialSummary] = field(default_factory=list)
+    stopped_early: str | None = None  # why fewer trials ran than asked
+
+    def to_dict(self) -> dict:
+        """JSON-ready: what `tuner study run --json` prints."""
+        return {"trials": [t.to_dict() for t in self.trials], "stopped_early": self.stopped_early}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> RunReport:
+        """The report `to_dict` gave (as a run on the service hands it back)."""
+        return cls([TrialSummary.from_dict(t) for t in data["trials"]], data["stopped_early"])
+
+
+# The events, one record per kind.
+
+
+@dataclass(frozen=True)
+class PoolReady:
+    """The workers are up; no trial is in flight yet."""
+
+    slots: int
+    pool: WorkerPool
+
+
+@dataclass(frozen=True)
+class TrialStarted:
+    """A trial was asked of Optuna and is about to be checked and launched on a slot."""
+
+    number: int
+    baseline: bool
+    config: EngineConfig
+    slot: int
+    at: float  # time.time()
+
+    def to_dict(self) -> dict:
+        """JSON-ready, as the run's events file holds it."""
+        return {"number": self.number, "baseline": self.baseline, "config": self.config.to_dict(),
+                "slot": self.slot, "at": self.at}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> TrialStarted:
+        """The event `to_dict` gave (other keys, such as the events file's `kind`, are left out)."""
+        return cls(data["number"], data["baseline"], EngineConfig.from_dict(data["config"]), data["slot"], data["at"])
+
+
+@dataclass(frozen=True)
+class WorkerDone:
+    """A worker handed back a trial's result (before it is scored and stored)."""
+
+    number: int
+    slot: int
+    node: str
+    scheduling_s: float | None  # from the slot freeing to this trial's engine launch; None for a slot's first
+
+
+@dataclass(frozen=True)
+class TrialDone:
+    """A trial ended and was stored, whatever its state."""
+
+    summary: TrialSummary
+
+
+RunEvent = PoolReady | TrialStarted | WorkerDone | TrialDone  # what `on_event` is given
