@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 from tuner.kv_budget import logged_kv_tokens
 from tuner.scoring import Boundary, boundary
 from tuner.storage import StoredTrial, StudyModel, StudySettings
-# The report's one import from tuner.study: the recommendation and the reading of the Optuna study, nothing
-# that runs trials.
+# All the report takes from tuner.study is imported here (and StoragePlan below, for type checking only): the
+# recommendation and the reading of the Optuna study, none of the trial runner.
 from tuner.study import Recommendation, find_baseline, load_optuna_study, recommend
 from tuner.workers.engine_config import EngineConfig
 from tuner.workers.replay import RequestRecord
