@@ -23,3 +23,5 @@ def test_the_wheel_installs_only_the_tuner_package_with_its_data(tmp_path):
     assert {f"tuner/search_spaces/{p.name}" for p in (REPO / "search_spaces").glob("*.yaml")} <= set(names)
     assert "tuner/search_spaces/schema.json" in names  # the file format, for editors
     assert any(name.startswith("tuner/data/traces/") for name in names)
+    # The report page is rendered from its template and stylesheet.
+    assert {"tuner/report/templates/report.html.j2", "tuner/report/templates/report.css"} <= set(names)

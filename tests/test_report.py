@@ -233,12 +233,12 @@ def test_side_by_side_puts_default_and_recommendation_together():
 
 
 def test_trial_rows_carry_failure_classes_and_roles():
-    rows = {r["trial"]: r for r in trial_rows(report_data())}
-    assert rows[0]["roles"] == ["default", "Pareto"] and rows[3]["roles"] == ["recommended", "Pareto"]
-    assert rows[2]["failure_class"] == "kv_insufficient" and rows[2]["why"].startswith("the KV cache (512")
-    assert rows[1]["why"].startswith("rejected before launch") and rows[1]["state"] == "infeasible"
-    assert rows[4]["feasible"] is False and rows[4]["why"].startswith("outside the boundary")
-    assert rows[5]["why"] == "pruned: p95 cannot meet it" and rows[5]["feasible"] is None
+    rows = {r.trial: r for r in trial_rows(report_data())}
+    assert rows[0].roles == ["default", "Pareto"] and rows[3].roles == ["recommended", "Pareto"]
+    assert rows[2].failure_class == "kv_insufficient" and rows[2].why.startswith("the KV cache (512")
+    assert rows[1].why.startswith("rejected before launch") and rows[1].state == "infeasible"
+    assert rows[4].feasible is False and rows[4].why.startswith("outside the boundary")
+    assert rows[5].why == "pruned: p95 cannot meet it" and rows[5].feasible is None
 
 
 def test_summary_states_boundary_machine_trace_and_vllm_version():

@@ -321,7 +321,8 @@ class LocalStudies:
                             lines=recommendation_lines(data), side_by_side=[list(row) for row in side_by_side(data)],
                             baseline_trial=base.trial_number if base else None,
                             recommended_trial=rec.trial_number if rec else None,
-                            common_settings=common_settings(data), trial_rows=trial_rows(data))
+                            common_settings=common_settings(data),
+                            trial_rows=[row.to_dict() for row in trial_rows(data)])
 
     def report_html(self, name: str) -> str:
         from tuner.report import collect_report, render_html

@@ -1,0 +1,268 @@
+"""What the report says, as typed rows and sentences: every trial, the default beside the recommendation, the
+machines measured on, the recommendation in words, and `summary`, the same content as JSON.
+
+The terminal, the JSON answer and the HTML page all show these; none of them computes a figure of its own.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from tuner.describe import boundary_line, hardware_line, recommendation_dict
+from tuner.report.data import ReportData
+from tuner.storage import StoredTrial, StudySettings, TrialState
+from tuner.workers.measure import Measurement
+
+DEFAULT_LABEL = "vLLM default"
+
+
+def number_text(value: Any, digits: int = 3, unit: str = "") -> str:
+    """A figure as the tables print it: "-" for none, yes/no for a flag, `digits` decimals for a float."""
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}{unit}"
+    return f"{value}{unit}"
+
+
+def _measured(t: StoredTrial | None, read: Callable[[Measurement], Any]) -> Any:
+    """One figure of a trial's measurement; None for no trial, or one that measured nothing."""
+    return read(t.measurement) if t is not None and t.measurement is not None else None
+
+
+def _why(t: StoredTrial) -> str:
+    violations = t.score.violations if t.score else []
+    if t.state is TrialState.INFEASIBLE:
+        return "rejected before launch: " + "; ".join(violations)
+    if t.state is TrialState.PRUNED:
+        return f"pruned: {t.prune_reason}" if t.prune_reason else "pruned"
+    if t.failure_class:
+        message = (t.failure_message or "").strip().splitlines()
+        return message[0][:200] if message else ""
+    if violations:
+        return "outside the boundary: " + "; ".join(violations)
+    return ""
+
+
+def common_settings(data: ReportData) -> dict[str, Any]:
+    """The engine settings every trial shared (the space's fixed values, as a rule)."""
+    if not data.trials:
+        return {}
+    configs = [t.engine_config.to_dict() for t in data.trials]
+    return {k: v for k, v in configs[0].items() if all(c.get(k, object()) == v for c in configs)}
+
+
+@dataclass(frozen=True)
+class TrialRow:
+    """One trial as the report lists it: its failure class, the figures it was judged on, its roles in the
+    study, and why it failed or fell outside the boundary. The figures are None for a trial that measured
+    nothing; `feasible` is None for a trial that was not scored."""
+
+    trial: int
+    attempt: int
+    roles: list[str]  # "default", "recommended", "Pareto"
+    state: TrialState
+    failure_class: str | None
+    config: dict[str, Any]
+    settings: dict[str, Any]  # what sets the trial apart: its configuration less the settings all trials share
+    completed: int | None
+    requests: int | None
+    completed_rps: float | None
+    ttft_p95_s: float | None
+    e2e_p95_s: float | None
+    queue_s_mean: float | None
+    inference_s_mean: float | None
+    preemptions: int | None
+    kv_tokens: int | None
+    feasible: bool | None
+    why: str
+
+    @property
+    def label(self) -> str:
+        """The trial's number, with its attempt after the first: `3 (attempt 2)`."""
+        return str(self.trial) + (f" (attempt {self.attempt})" if self.attempt > 1 else "")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The row as JSON-ready data, keys in field order."""
+        return {**asdict(self), "state": self.state.value}
+
+
+def trial_rows(data: ReportData) -> list[TrialRow]:
+    """Every trial, in the study's order."""
+    shared = common_settings(data)
+    rows = []
+    for t in data.trials:
+        config = t.engine_config.to_dict()
+        rows.append(TrialRow(
+            trial=t.trial_number, attempt=t.attempt, roles=data.roles(t), state=t.state,
+            failure_class=t.failure_class, config=config,
+            settings={k: v for k, v in config.items() if k not in shared},
+            completed=_measured(t, lambda m: m.completed), requests=_measured(t, lambda m: m.requests),
+            completed_rps=_measured(t, lambda m: m.completed_rps), ttft_p95_s=_measured(t, lambda m: m.ttft_s.p95),
+            e2e_p95_s=_measured(t, lambda m: m.e2e_s.p95), queue_s_mean=_measured(t, lambda m: m.queue_s_mean),
+            inference_s_mean=_measured(t, lambda m: m.inference_s_mean),
+            preemptions=_measured(t, lambda m: m.preemptions), kv_tokens=data.kv_tokens.get(t.trial_number),
+            feasible=t.score.feasible if t.state is TrialState.COMPLETE and t.score else None, why=_why(t)))
+    return rows
+
+
+class SideBySideRow(NamedTuple):
+    """One line of the default-beside-recommendation table, every cell as printed."""
+
+    what: str
+    default: str
+    recommended: str
+    change: str
+
+
+def _ratio_text(a: float | None, b: float | None) -> str:
+    if a is None or b is None:
+        return ""
+    if a == 0:
+        return "" if b == 0 else "from 0"
+    return f"{(b - a) / a * 100:+.0f}%"
+
+
+def _meets(t: StoredTrial | None) -> str:
+    if t is None:
+        return "-"
+    if t.scored is None:
+        return f"not scored ({t.failure_class or t.state})"
+    return "yes" if t.scored.feasible else "no: " + "; ".join(t.scored.violations)
+
+
+def side_by_side(data: ReportData) -> list[SideBySideRow]:
+    """vLLM's default and the recommendation, row by row: settings first, then what was measured."""
+    base, rec = data.baseline, data.recommended
+    rows = [SideBySideRow("trial", number_text(base.trial_number) if base else "not run",
+                          number_text(rec.trial_number) if rec else "none", "")]
+    base_config = base.engine_config.to_dict() if base else {}
+    rec_config = rec.engine_config.to_dict() if rec else {}
+    for key in dict.fromkeys([*base_config, *rec_config]):
+        a = base_config.get(key, DEFAULT_LABEL) if base else "-"
+        b = rec_config.get(key, DEFAULT_LABEL) if rec else "-"
+        rows.append(SideBySideRow(key, str(a), str(b), "" if a == b else "changed"))
+    rows.append(SideBySideRow("state", base.state + (f" ({base.failure_class})" if base and base.failure_class else "")
+                              if base else "-", rec.state if rec else "-", ""))
+
+    def metric(label: str, read: Callable[[Measurement], Any], digits: int = 3, unit: str = "",
+               ratio: bool = True) -> None:
+        a, b = _measured(base, read), _measured(rec, read)
+        rows.append(SideBySideRow(label, number_text(a, digits, unit), number_text(b, digits, unit),
+                                  _ratio_text(a, b) if ratio else ""))
+
+    def completed(t: StoredTrial | None) -> str:
+        return f"{t.measurement.completed}/{t.measurement.requests}" if t and t.measurement else "-"
+
+    rows.append(SideBySideRow("completed / requests", completed(base), completed(rec), ""))
+    metric("completed req/s", lambda m: m.completed_rps)
+    metric("output tok/s", lambda m: m.output_tps, 1)
+    metric("p95 TTFT", lambda m: m.ttft_s.p95, 3, " s")
+    metric("p95 end-to-end", lambda m: m.e2e_s.p95, 3, " s")
+    metric("mean queue time (vLLM)", lambda m: m.queue_s_mean, 3, " s")
+    metric("mean inference time (vLLM)", lambda m: m.inference_s_mean, 3, " s")
+    pa, pb = _measured(base, lambda m: m.preemptions), _measured(rec, lambda m: m.preemptions)
+    rows.append(SideBySideRow("preemptions", number_text(pa), number_text(pb),
+                              "" if pa == pb or None in (pa, pb) else f"{pa} → {pb}"))
+    metric("running peak", lambda m: m.running_peak, 0, ratio=False)
+    metric("waiting peak", lambda m: m.waiting_peak, 0, ratio=False)
+    ka, kb = _measured(base, lambda m: m.kv_usage_peak), _measured(rec, lambda m: m.kv_usage_peak)
+    rows.append(SideBySideRow("KV usage peak", f"{ka:.0%}" if ka is not None else "-",
+                              f"{kb:.0%}" if kb is not None else "-", ""))
+    ta = data.kv_tokens.get(base.trial_number) if base else None
+    tb = data.kv_tokens.get(rec.trial_number) if rec else None
+    rows.append(SideBySideRow("KV budget (tokens)", number_text(ta), number_text(tb),
+                              _ratio_text(ta, tb) if ta != tb else ""))
+    rows.append(SideBySideRow(f"meets the {data.boundary.name} boundary", _meets(base), _meets(rec), ""))
+    return rows
+
+
+@dataclass(frozen=True)
+class MachineGroup:
+    """One machine and vLLM version the study measured on, and the trials measured there."""
+
+    hardware: str  # as tuner.describe.hardware_line writes it
+    vllm_version: str
+    trials: list[int]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The group as JSON-ready data."""
+        return asdict(self)
+
+
+def measured_on(data: ReportData) -> list[MachineGroup]:
+    """Each distinct machine and vLLM version the study's trials were measured on, in the trials' order."""
+    groups: dict[tuple[str, str], list[int]] = {}
+    for t in data.trials:
+        if t.hardware and t.state is not TrialState.INFEASIBLE:
+            groups.setdefault((hardware_line(t.hardware), t.vllm_version), []).append(t.trial_number)
+    return [MachineGroup(hw, version, numbers) for (hw, version), numbers in groups.items()]
+
+
+def trace_line(settings: StudySettings, requests: int | None = None) -> str:
+    """The trace as one line: its file name, the start of its sha256, the request count if given, the selection."""
+    selection = ", ".join(f"{k}={v}" for k, v in settings.trace_selection.to_dict().items()
+                          if v is not None) or "as recorded"
+    count = f", {requests} requests" if requests is not None else ""
+    return f"{Path(settings.trace_path).name} (sha256 {settings.trace_sha256[:12]}{count}; {selection})"
+
+
+def trial_count_line(data: ReportData) -> str:
+    """How many trials ended in each state: `6 trials: 4 complete, 2 failed`."""
+    counts = Counter(t.state for t in data.trials)
+    return f"{len(data.trials)} trials: " + ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
+
+
+def recommendation_lines(data: ReportData) -> list[str]:
+    """The recommendation as sentences: what, under which boundary, on which machine, trace and vLLM.
+    With a recommendation, the first line is the headline and the second the `vllm serve` command."""
+    rec, settings = data.recommendation, data.settings
+    if rec is None:
+        machines = "; ".join(f"{m.hardware}, vLLM {m.vllm_version}" for m in measured_on(data)) or "no machine"
+        return [f"No trial met the {boundary_line(data.boundary)} boundary yet.",
+                f"Trials measured on {machines}, trace {trace_line(settings)}."]
+    t, m = rec.trial, rec.trial.measurement
+    lines = [f"Recommended for the {boundary_line(rec.boundary)} boundary: trial {t.trial_number}.",
+             t.serve_command,
+             f"Measured on {hardware_line(t.hardware)}, vLLM {t.vllm_version}, trace "
+             f"{trace_line(settings, m.requests)}.",
+             f"Completed {m.completed}/{m.requests} at {t.scored.completed_rps:.3f} req/s, "
+             f"p95 TTFT {number_text(m.ttft_s.p95)} s, p95 end-to-end {t.scored.e2e_p95_s:.3f} s, "
+             f"{m.preemptions} preemptions."]
+    base = rec.baseline
+    if base is None:
+        lines.append("vLLM's default configuration was not run in this study.")
+    elif rec.gain is None:
+        lines.append(f"vLLM's default configuration (trial {base.trial_number}) gave no score to compare: "
+                     f"{base.failure_class or ('infeasible' if base.state is TrialState.COMPLETE else base.state)}.")
+    elif base.trial_number == t.trial_number:
+        lines.append("vLLM's default configuration is itself the recommendation: no trial beat it.")
+    else:
+        g = rec.gain
+        lines.append(f"Against vLLM's default configuration (trial {base.trial_number}): completed throughput "
+                     f"x{g['completed_rps_ratio']:.2f}, p95 end-to-end x{g['e2e_p95_ratio']:.2f}"
+                     f"{'' if base.feasible else ' (the default broke the boundary)'}.")
+    return lines
+
+
+def summary(data: ReportData) -> dict[str, Any]:
+    """The report's content as JSON-ready data: what `--json` prints and the service answers."""
+    return {
+        "study": data.settings.name, "generated_at": data.generated_at, "model": data.settings.model,
+        "boundary": data.boundary.to_dict(), "boundary_text": boundary_line(data.boundary),
+        "trace": {"path": data.settings.trace_path, "sha256": data.settings.trace_sha256,
+                  "selection": data.settings.trace_selection.to_dict()},
+        "measured_on": [m.to_dict() for m in measured_on(data)],
+        "recommendation": recommendation_dict(data.recommendation, data.settings) if data.recommendation else None,
+        "recommendation_text": recommendation_lines(data),
+        "default_trial": data.baseline.trial_number if data.baseline else None,
+        "side_by_side": [row._asdict() for row in side_by_side(data)],
+        "common_settings": common_settings(data), "trials": [row.to_dict() for row in trial_rows(data)],
+        "pareto": sorted(data.pareto), "timelines": sorted(data.timelines),
+    }
