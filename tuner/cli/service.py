@@ -1,4 +1,5 @@
-"""`tuner serve`: the service on a Ray cluster (a local one unless --ray-address joins one)."""
+"""`tuner serve`: the service on a Ray cluster (a local one unless --ray-address joins one); `tuner dashboard`:
+optuna-dashboard on the studies' storage."""
 
 from __future__ import annotations
 
@@ -13,9 +14,9 @@ from typing import Annotated, Optional
 
 import typer
 
+from tuner.cli.options import ArtifactsOption, RayAddressOption, StorageOption, storage_plan
 from tuner.console import err
 from tuner.errors import TunerError
-from tuner.study_cli import ArtifactsOption, StorageOption
 
 # Read by Ray as it is imported: at 0 its node address is loopback, so a local cluster listens on loopback only.
 RAY_LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
@@ -39,8 +40,7 @@ def serve(
     host: Annotated[str, typer.Option(help="Address to bind; anything but loopback needs a token.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=1, max=65535, help="Port.")] = 8000,
     storage: StorageOption = None, artifacts: ArtifactsOption = None,
-    ray_address: Annotated[Optional[str], typer.Option(envvar="RAY_ADDRESS", help="Join this Ray cluster "
-                                                                                 "instead of starting a local one.")] = None,
+    ray_address: RayAddressOption = None,
     token_file: Annotated[Optional[Path], typer.Option(help="File holding the bearer token; default: "
                                                             "$TUNER_API_TOKEN_FILE, else $TUNER_API_TOKEN.")] = None,
 ) -> None:
@@ -56,22 +56,18 @@ def serve(
 
     from tuner.storage.urls import redact_url
     from tuner.service import APP_NAME, SHUTDOWN_TIMEOUT_S, ServiceConfig, _service_deployment, read_token
-    from tuner.study import StoragePlan
+    from tuner.workers.pool import connect_ray
 
     token = read_token(token_file)
     if token is None and not loopback:
         raise TunerError(f"refusing to serve on {host} without a token: set TUNER_API_TOKEN or give --token-file")
-    plan = StoragePlan.resolve(storage, artifacts)
+    plan = storage_plan(storage, artifacts)
     plan.repository().migrate()  # a clear error now if the database cannot be reached
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     with err.status("starting Ray and Ray Serve"):
-        if ray_address:
-            ray.init(address=ray_address, log_to_driver=False)
-        else:
-            # A cluster of its own, never one that `ray start` left recorded on this machine.
-            ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
+        connect_ray(ray_address, num_cpus=os.cpu_count())
         try:
             ray_serve.start(http_options={"host": host, "port": port})
             ray_serve.run(_service_deployment().bind(ServiceConfig(plan.url, str(plan.artifact_dir), token,
@@ -94,3 +90,23 @@ def serve(
             time.sleep(0.5)
         ray_serve.shutdown()
         ray.shutdown()
+
+
+def dashboard(storage: StorageOption = None, artifacts: ArtifactsOption = None,
+              host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
+              port: Annotated[int, typer.Option(help="Port.")] = 8080) -> None:
+    """Start optuna-dashboard on the same storage and artifact store."""
+    from optuna.artifacts import FileSystemArtifactStore
+    from optuna_dashboard import run_server
+
+    from tuner.storage.urls import redact_url
+
+    plan = storage_plan(storage, artifacts)
+    plan.repository()  # a clear error now if the database cannot be reached
+    plan.artifact_dir.mkdir(parents=True, exist_ok=True)
+    err.print(f"optuna-dashboard for {redact_url(plan.url)} on http://{host}:{port}/ (Ctrl-C stops it)")
+    try:
+        run_server(plan.optuna_storage(), host=host, port=port,
+                   artifact_store=FileSystemArtifactStore(str(plan.artifact_dir)))
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
