@@ -138,8 +138,10 @@ def study_run(
     deadline = _deadline(timeout, until)
     if trials is None and stop_at is None:
         trials = 8
-    settings = RunSettings(name, trials, parallel, prune, deadline, stop_at, window_s, ray_address, heartbeat, grace,
-                           storage, artifacts, events, server, token_file)
+    settings = RunSettings(name=name, trials=trials, parallel=parallel, prune=prune, deadline=deadline,
+                           stop_at=stop_at, window_s=window_s, ray_address=ray_address, heartbeat_s=heartbeat,
+                           grace_s=grace, storage=storage, artifacts=artifacts, events=events, server=server,
+                           token_file=token_file)
     with progress_bar(as_json) as progress:
         shown = RunProgress(progress, name, trials, as_json)
         result = _run_on_service(settings, shown) if server else _run_here(settings, shown)
