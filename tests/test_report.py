@@ -351,7 +351,7 @@ def test_page_built_from_stored_trials_renders_in_chromium(tmp_path):
 
 def test_compare_table_puts_the_values_side_by_side():
     from tuner.compare import CompareResult, parse_vary
-    from tuner.report_cli import _compare_rows
+    from tuner.cli.report import _compare_rows
     from tuner.scoring import score
 
     variation = parse_vary("max_num_seqs=2,16")

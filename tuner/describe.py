@@ -31,6 +31,12 @@ def boundary_line(b: Boundary) -> str:
     return f"{b.name} ({', '.join(parts)})"
 
 
+def throughput_line(completed_rps: float, e2e_p95_s: float) -> str:
+    """A scored trial's completed throughput and p95 end-to-end latency, as every one-line trial summary
+    (run progress, study status, schedule summaries) states them."""
+    return f"{completed_rps:.3f} req/s, p95 e2e {e2e_p95_s:.2f} s"
+
+
 def recommendation_context(rec: Recommendation, settings: StudySettings) -> dict:
     """What every stated recommendation carries: its boundary, the machine, vLLM and the trace."""
     t = rec.trial

@@ -36,7 +36,7 @@ from apscheduler.triggers.cron import CronTrigger
 from sqlalchemy import insert, select, update
 
 from tuner.storage.schema import SCHEDULE_JOBS_TABLE, ScheduleRunRow
-from tuner.describe import context_line, recommendation_context
+from tuner.describe import context_line, recommendation_context, throughput_line
 from tuner.errors import NotFound, TunerError
 from tuner.study.plan import StoragePlan, load_optuna_study
 from tuner.study.recommendation import recommend
@@ -139,7 +139,7 @@ class ScheduleRun:
 
 
 def _best_text(best: dict) -> str:
-    return f"{best['completed_rps']:.3f} req/s, p95 e2e {best['e2e_p95_s']:.2f} s"
+    return throughput_line(best["completed_rps"], best["e2e_p95_s"])
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,8 @@ from __future__ import annotations
 import hmac
 import os
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Optional
@@ -304,3 +306,35 @@ def _service_deployment():
             stopping_schedules.join()
 
     return TunerService
+
+
+def host_service(config: ServiceConfig, host: str, port: int, stop: threading.Event,
+                 on_ready: Callable[[], None], on_stopping: Callable[[], None]) -> None:
+    """Host the service on Ray Serve at host:port (joining config.ray_address, else starting a local Ray) until
+    `stop` is set; `on_ready` is called once it answers, `on_stopping` as it begins to stop. On the way out its
+    runs are stopped (given SHUTDOWN_TIMEOUT_S) before Ray is shut down, whatever ended it."""
+    import ray
+    from ray import serve
+
+    from tuner.workers.pool import connect_ray
+
+    connect_ray(config.ray_address, num_cpus=os.cpu_count())
+    try:
+        serve.start(http_options={"host": host, "port": port})
+        serve.run(_service_deployment().bind(config), name=APP_NAME, route_prefix="/", blocking=False)
+    except BaseException:
+        ray.shutdown()
+        raise
+    on_ready()
+    try:
+        stop.wait()
+    finally:
+        on_stopping()
+        # The replica may take SHUTDOWN_TIMEOUT_S to stop its runs, longer than serve.shutdown waits (30 s)
+        # before ray.shutdown would take the cluster down under the runs still stopping.
+        serve.delete(APP_NAME, _blocking=False)
+        deadline = time.monotonic() + SHUTDOWN_TIMEOUT_S + 10
+        while APP_NAME in serve.status().applications and time.monotonic() < deadline:
+            time.sleep(0.5)
+        serve.shutdown()
+        ray.shutdown()

@@ -102,18 +102,18 @@ class TrialWorker:
         return WorkerResult(outcome, files, platform.node(), self.slot.index)
 
 
-def _connect(address: str | None, local_slots: int, gpus: int) -> bool:
-    """Join the cluster at `address` (or RAY_ADDRESS), else start a local one; True if we started it."""
+def connect_ray(address: str | None, num_cpus: int | None, num_gpus: int | None = None) -> bool:
+    """Join the Ray cluster at `address` (or $RAY_ADDRESS), else start a local one with `num_cpus` CPUs and
+    `num_gpus` GPUs (None: those Ray detects); True if this call started the cluster. Nothing happens, and False
+    is returned, if this process is connected already. The one place a tuner process connects to Ray."""
     if ray.is_initialized():
         return False
     address = address or os.environ.get("RAY_ADDRESS")
     if address:
         ray.init(address=address, log_to_driver=False)
         return False
-    # Explicit resources: one CPU per slot (the engines' own threads are not Ray's to count). address="local":
-    # a new cluster of our own, never one that `ray start` left recorded on this machine.
-    ray.init(address="local", num_cpus=max(local_slots, 1), num_gpus=gpus, include_dashboard=False,
-             log_to_driver=False)
+    # address="local": a new cluster of our own, never one that `ray start` left recorded on this machine.
+    ray.init(address="local", num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False, log_to_driver=False)
     return True
 
 
@@ -124,7 +124,8 @@ class WorkerPool:
                  tensor_parallel_size: int = 1, local_gpus: int = 0):
         self.tp = max(1, tensor_parallel_size)
         wanted = parallel or 0
-        self._owned = _connect(ray_address, wanted or 1, local_gpus)
+        # Explicit resources: one CPU per slot (the engines' own threads are not Ray's to count).
+        self._owned = connect_ray(ray_address, wanted or 1, local_gpus)
         cluster = ray.cluster_resources()
         gpu_capacity = int(cluster.get("GPU", 0)) // self.tp
         if gpu_capacity:

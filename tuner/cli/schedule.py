@@ -8,8 +8,8 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
+from tuner.cli.options import ArtifactsOption, JsonOption, StorageOption, storage_plan
 from tuner.console import err, out, print_json
-from tuner.study_cli import ArtifactsOption, JsonOption, StorageOption
 
 schedule_app = typer.Typer(help="Schedules: a study resumed at set times for a set window (say every night at "
                                 "01:00 for 5 hours), each run ending with a morning summary.",
@@ -19,9 +19,8 @@ NameArgument = Annotated[str, typer.Argument(help="The schedule.")]
 
 def _book(storage: str | None, artifacts, **kwargs):
     from tuner.schedules import ScheduleBook
-    from tuner.study.plan import StoragePlan
 
-    return ScheduleBook(StoragePlan.resolve(storage, artifacts), **kwargs)
+    return ScheduleBook(storage_plan(storage, artifacts), **kwargs)
 
 
 def _window_text(seconds: float) -> str:

@@ -1,4 +1,5 @@
-"""`tuner serve`: the service on a Ray cluster (a local one unless --ray-address joins one)."""
+"""`tuner serve`: the service on a Ray cluster (a local one unless --ray-address joins one); `tuner dashboard`:
+optuna-dashboard on the studies' storage."""
 
 from __future__ import annotations
 
@@ -7,15 +8,14 @@ import os
 import signal
 import socket
 import threading
-import time
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
+from tuner.cli.options import ArtifactsOption, RayAddressOption, StorageOption, storage_plan
 from tuner.console import err
 from tuner.errors import TunerError
-from tuner.study_cli import ArtifactsOption, StorageOption
 
 # Read by Ray as it is imported: at 0 its node address is loopback, so a local cluster listens on loopback only.
 RAY_LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
@@ -39,8 +39,7 @@ def serve(
     host: Annotated[str, typer.Option(help="Address to bind; anything but loopback needs a token.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=1, max=65535, help="Port.")] = 8000,
     storage: StorageOption = None, artifacts: ArtifactsOption = None,
-    ray_address: Annotated[Optional[str], typer.Option(envvar="RAY_ADDRESS", help="Join this Ray cluster "
-                                                                                 "instead of starting a local one.")] = None,
+    ray_address: RayAddressOption = None,
     token_file: Annotated[Optional[Path], typer.Option(help="File holding the bearer token; default: "
                                                             "$TUNER_API_TOKEN_FILE, else $TUNER_API_TOKEN.")] = None,
 ) -> None:
@@ -51,46 +50,47 @@ def serve(
         # Else the local Ray cluster would listen on every address, reachable where the service is not.
         os.environ[RAY_LOOPBACK_ENV] = "0"
     os.environ.setdefault(SERVE_PROXY_READY_ENV, SERVE_PROXY_READY_S)
-    import ray
-    from ray import serve as ray_serve
-
+    from tuner.service import ServiceConfig, host_service, read_token
     from tuner.storage.urls import redact_url
-    from tuner.service import APP_NAME, SHUTDOWN_TIMEOUT_S, ServiceConfig, _service_deployment, read_token
-    from tuner.study.plan import StoragePlan
 
     token = read_token(token_file)
     if token is None and not loopback:
         raise TunerError(f"refusing to serve on {host} without a token: set TUNER_API_TOKEN or give --token-file")
-    plan = StoragePlan.resolve(storage, artifacts)
-    plan.repository().migrate()  # a clear error now if the database cannot be reached
+    plan = storage_plan(storage, artifacts)
+    plan.repository()  # migrated on first use: a clear error now if the database cannot be reached
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    with err.status("starting Ray and Ray Serve"):
-        if ray_address:
-            ray.init(address=ray_address, log_to_driver=False)
-        else:
-            # A cluster of its own, never one that `ray start` left recorded on this machine.
-            ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
-        try:
-            ray_serve.start(http_options={"host": host, "port": port})
-            ray_serve.run(_service_deployment().bind(ServiceConfig(plan.url, str(plan.artifact_dir), token,
-                                                                   ray_address)),
-                          name=APP_NAME, route_prefix="/", blocking=False)
-        except BaseException:
-            ray.shutdown()
-            raise
-    err.print(f"tuner service on http://{host}:{port}/ (OpenAPI: /docs), storage {redact_url(plan.url)}, "
-              f"{'bearer token required' if token else 'no token'}; Ctrl-C stops it", highlight=False)
+    starting = err.status("starting Ray and Ray Serve")
+    starting.start()
+
+    def ready() -> None:
+        starting.stop()
+        err.print(f"tuner service on http://{host}:{port}/ (OpenAPI: /docs), storage {redact_url(plan.url)}, "
+                  f"{'bearer token required' if token else 'no token'}; Ctrl-C stops it", highlight=False)
+
     try:
-        stop.wait()
+        host_service(ServiceConfig(plan.url, str(plan.artifact_dir), token, ray_address), host, port, stop, ready,
+                     on_stopping=lambda: err.print("stopping the service and its runs"))
     finally:
-        err.print("stopping the service and its runs")
-        # The replica may take SHUTDOWN_TIMEOUT_S to stop its runs, longer than serve.shutdown waits (30 s)
-        # before ray.shutdown would take the cluster down under the runs still stopping.
-        ray_serve.delete(APP_NAME, _blocking=False)
-        deadline = time.monotonic() + SHUTDOWN_TIMEOUT_S + 10
-        while APP_NAME in ray_serve.status().applications and time.monotonic() < deadline:
-            time.sleep(0.5)
-        ray_serve.shutdown()
-        ray.shutdown()
+        starting.stop()  # also when the start failed
+
+
+def dashboard(storage: StorageOption = None, artifacts: ArtifactsOption = None,
+              host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
+              port: Annotated[int, typer.Option(help="Port.")] = 8080) -> None:
+    """Start optuna-dashboard on the same storage and artifact store."""
+    from optuna.artifacts import FileSystemArtifactStore
+    from optuna_dashboard import run_server
+
+    from tuner.storage.urls import redact_url
+
+    plan = storage_plan(storage, artifacts)
+    plan.repository()  # a clear error now if the database cannot be reached
+    plan.artifact_dir.mkdir(parents=True, exist_ok=True)
+    err.print(f"optuna-dashboard for {redact_url(plan.url)} on http://{host}:{port}/ (Ctrl-C stops it)")
+    try:
+        run_server(plan.optuna_storage(), host=host, port=port,
+                   artifact_store=FileSystemArtifactStore(str(plan.artifact_dir)))
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None

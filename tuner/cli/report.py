@@ -11,10 +11,14 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
+from tuner.cli.options import (ArtifactsOption, CapOption, EngineArgOption, FitOption, FormatOption, JsonOption,
+                               LimitOption, PromptSeedOption, RateOption, ReplayedTraceOption, RequestTimeoutOption,
+                               ServedModelOption, ServerOption, StartupTimeoutOption, StorageOption, StudyArgument,
+                               TokenFileOption, WindowOption, study_answers, trace_selection)
+from tuner.cli.present import print_report_lines, report_trial_line
 from tuner.console import err, fmt, out, print_json, progress_bar
 from tuner.describe import boundary_line
 from tuner.errors import TunerError
-from tuner.study_cli import ArtifactsOption, JsonOption, ServerOption, StorageOption, TokenFileOption
 
 COMPARE_FILE = "compare.json"  # the whole comparison, as --json prints it, in the --out folder
 
@@ -23,7 +27,7 @@ COMPARE_FILE = "compare.json"  # the whole comparison, as --json prints it, in t
 
 
 def study_report(
-    name: Annotated[str, typer.Argument(help="The study.")],
+    name: StudyArgument,
     html: Annotated[Optional[Path], typer.Option("--html", help="Write the report as one self-contained HTML "
                                                                 "page (plots included, no network needed).")] = None,
     storage: StorageOption = None, artifacts: ArtifactsOption = None, as_json: JsonOption = False,
@@ -33,9 +37,7 @@ def study_report(
 
     The recommendation is stated with its boundary, machine, trace and vLLM version. --html writes the page
     with the plots: Pareto front, preemptions, queue against inference, timelines, output lengths."""
-    from tuner.study_cli import _studies
-
-    studies = _studies(server, token_file, storage, artifacts)
+    studies = study_answers(server, token_file, storage, artifacts)
     view = studies.report(name)
     written = None
     if html is not None:
@@ -46,17 +48,7 @@ def study_report(
         written = html
     if as_json:
         return print_json({**view.summary, "html": str(written) if written else None})
-    lines = view.lines
-    # soft_wrap: a recommendation is read and copied whole, never broken at the terminal's width.
-    out.print(Text(lines[0], style="bold" if view.recommended else "red"), highlight=False,
-              soft_wrap=True)
-    if view.recommended:
-        out.print(f"  {lines[1]}", highlight=False, soft_wrap=True)
-        rest = lines[2:]
-    else:
-        rest = lines[1:]
-    for line in rest:
-        out.print(line, highlight=False, soft_wrap=True)
+    print_report_lines(view)
     base, rec = view.baseline_trial, view.recommended_trial
     table = Table("", f"vLLM default (trial {base})" if base is not None else "vLLM default",
                   f"recommended (trial {rec})" if rec is not None else "recommended", "change",
@@ -70,23 +62,9 @@ def study_report(
     if shared:
         out.print(f"  all had: {shared}", highlight=False, soft_wrap=True)
     for r in view.trial_rows:
-        out.print(_trial_line(r), highlight=False, soft_wrap=True)
+        out.print(report_trial_line(r), highlight=False, soft_wrap=True)
     if written is not None:
         out.print(f"report written to {written}")
-
-
-def _trial_line(r: dict) -> str:
-    """`trial 2 (recommended): complete, 16/16 at 1.7 req/s, ... | settings | why`."""
-    head = f"  trial {r['trial']}" + (f" (attempt {r['attempt']})" if r["attempt"] > 1 else "")
-    head += f" ({', '.join(r['roles'])})" if r["roles"] else ""
-    what = r["state"] + (f" [{r['failure_class']}]" if r["failure_class"] else "")
-    if r["requests"] is not None:
-        what += (f", {r['completed']}/{r['requests']} at {fmt(r['completed_rps'])} req/s, p95 TTFT "
-                 f"{fmt(r['ttft_p95_s'])} s, p95 e2e {fmt(r['e2e_p95_s'])} s, {r['preemptions']} preemptions")
-        if r["feasible"] is not None:
-            what += ", within the boundary" if r["feasible"] else ""
-    settings = ", ".join(f"{k}={v}" for k, v in r["settings"].items()) or "vLLM defaults"
-    return f"{head}: {what} | {settings}" + (f" | {r['why']}" if r["why"] else "")
 
 
 # --- tuner compare ---------------------------------------------------------------------------------------
@@ -138,27 +116,18 @@ def compare(
                                            "(max_num_seqs=64,256) or a trace dimension, a factor on the trace "
                                            "as selected: rate_scale (arrival rate), output_scale (every "
                                            "request's output tokens), input_scale (input tokens).")],
-    model: Annotated[Optional[Path], typer.Option(
-        help="Model folder (weights, or a config.json alone for dummy weights); default: the tiny model.")] = None,
-    trace: Annotated[Optional[Path], typer.Option(
-        help="Trace file to replay; default: the bundled cut of the Azure 2023 conversation trace.")] = None,
+    model: ServedModelOption = None, trace: ReplayedTraceOption = None,
     set_: Annotated[list[str], typer.Option("--set", help="Engine setting NAME=VALUE held for every value "
                                                           "(repeatable).")] = [],
-    engine_arg: Annotated[list[str], typer.Option(help="Extra vLLM flag passed as is (repeatable).")] = [],
-    format: Annotated[Optional[str], typer.Option("--format", help="azure, mooncake, burstgpt or native; "
-                                                                   "detected when left out.")] = None,
-    window: Annotated[Optional[str], typer.Option(help="START:END seconds of the trace to keep.")] = None,
-    rate_scale: Annotated[Optional[float], typer.Option(help="Multiply the arrival rate (2 = twice as fast).")] = None,
-    max_requests: Annotated[Optional[int], typer.Option(help="Keep the first N requests (after the window).")] = None,
-    fit: Annotated[Optional[str], typer.Option(help="clip or scale lengths to fit max_model_len.")] = None,
+    engine_arg: EngineArgOption = [],
+    format: FormatOption = None, window: WindowOption = None, rate_scale: RateOption = None,
+    max_requests: CapOption = None, fit: FitOption = None,
     boundary: Annotated[str, typer.Option(help="Judge each value against this boundary: interactive or "
                                                "batch.")] = "interactive",
-    limit: Annotated[list[str], typer.Option(help="Override a boundary limit, NAME=VALUE or NAME=none "
-                                                  "(repeatable).")] = [],
+    limit: LimitOption = [],
     out_dir: Annotated[Optional[Path], typer.Option("--out", help="Folder for each value's log and records.")] = None,
-    startup_timeout: Annotated[float, typer.Option(help="Seconds to wait for a healthy server.")] = 600.0,
-    request_timeout: Annotated[float, typer.Option(help="Seconds one request may take.")] = 600.0,
-    seed: Annotated[int, typer.Option(help="Seed of the synthetic prompts.")] = 0,
+    startup_timeout: StartupTimeoutOption = 600.0, request_timeout: RequestTimeoutOption = 600.0,
+    seed: PromptSeedOption = 0,
     as_json: JsonOption = False,
 ) -> None:
     """One dimension at a time: the same trace at each value, side by side, with a plain verdict.
@@ -170,13 +139,12 @@ def compare(
     from tuner.paths import bundled_trace
     from tuner.scoring import boundary as make_boundary
     from tuner.scoring import parse_limits
-    from tuner.traces.selection import TraceSelection
     from tuner.workers.engine_config import EngineConfig
 
     base = EngineConfig.from_assignments(set_)
     variation = parse_vary(vary, base)
     bound = make_boundary(boundary, parse_limits(limit))
-    selection = TraceSelection.from_options(window, max_requests, rate_scale, fit)
+    selection = trace_selection(window, max_requests, rate_scale, fit)
     model = model or default_model()
     trace = trace or bundled_trace()
     out_dir = out_dir or Path("runs") / datetime.now().strftime("compare-%Y%m%d-%H%M%S")

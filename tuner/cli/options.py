@@ -1,0 +1,86 @@
+"""The options and arguments that several commands share, declared once, and what turns their values into the
+objects the commands work on (a storage plan, the study answers, a trace selection)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Optional
+
+import typer
+
+if TYPE_CHECKING:
+    from tuner.studies import Studies
+    from tuner.traces.selection import TraceSelection
+
+# --- where studies live -----------------------------------------------------------------------------------
+
+StorageOption = Annotated[Optional[str], typer.Option(
+    "--storage", envvar="TUNER_STORAGE", help="Database URL (SQLite file or PostgreSQL); default: a SQLite file "
+                                             "in $TUNER_HOME.")]
+ArtifactsOption = Annotated[Optional[Path], typer.Option(
+    "--artifacts", envvar="TUNER_ARTIFACTS", help="Folder of trial artifacts; default: beside the SQLite file.")]
+ServerOption = Annotated[Optional[str], typer.Option(
+    "--server", envvar="TUNER_SERVER", help="Ask the tuner service at this URL instead of running here "
+                                            "(paths are then read on the service's machine).")]
+TokenFileOption = Annotated[Optional[Path], typer.Option(
+    "--token-file", help="File holding the service's bearer token; default: $TUNER_API_TOKEN_FILE, else "
+                         "$TUNER_API_TOKEN.")]
+RayAddressOption = Annotated[Optional[str], typer.Option(
+    envvar="RAY_ADDRESS", help="Join this Ray cluster instead of starting a local one.")]
+StudyArgument = Annotated[str, typer.Argument(help="The study.")]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON.")]
+
+# --- one trial's engine and workload ----------------------------------------------------------------------
+
+ServedModelOption = Annotated[Optional[Path], typer.Option(
+    help="Model folder (weights, or a config.json alone for dummy weights); default: the tiny model.")]
+ReplayedTraceOption = Annotated[Optional[Path], typer.Option(
+    help="Trace file to replay; default: the bundled cut of the Azure 2023 conversation trace.")]
+SetOption = Annotated[list[str], typer.Option("--set", help="Engine setting NAME=VALUE (repeatable).")]
+EngineArgOption = Annotated[list[str], typer.Option(help="Extra vLLM flag passed as is (repeatable).")]
+StartupTimeoutOption = Annotated[float, typer.Option(help="Seconds to wait for a healthy server.")]
+RequestTimeoutOption = Annotated[float, typer.Option(help="Seconds one request may take.")]
+PromptSeedOption = Annotated[int, typer.Option(help="Seed of the synthetic prompts.")]
+LimitOption = Annotated[list[str], typer.Option(help="Override a boundary limit, NAME=VALUE or NAME=none "
+                                                     "(repeatable).")]
+
+# What a search space is derived from (`tuner study create`, `tuner space suggest`).
+ModelOption = Annotated[Optional[Path], typer.Option(help="Model folder; default: the tiny model.")]
+TraceOption = Annotated[Optional[Path], typer.Option(help="Trace file; default: the bundled Azure cut.")]
+
+# --- which part of a trace is replayed --------------------------------------------------------------------
+
+FormatOption = Annotated[Optional[str], typer.Option("--format", help="azure, mooncake, burstgpt or native; "
+                                                                     "detected when left out.")]
+WindowOption = Annotated[Optional[str], typer.Option(help="START:END seconds of the trace to keep.")]
+RateOption = Annotated[Optional[float], typer.Option(help="Multiply the arrival rate (2 = twice as fast).")]
+CapOption = Annotated[Optional[int], typer.Option(help="Keep the first N requests (after the window).")]
+FitOption = Annotated[Optional[str], typer.Option(help="clip or scale lengths to fit max_model_len.")]
+
+
+def trace_selection(window: str | None, max_requests: int | None, rate_scale: float | None,
+                    fit: str | None) -> TraceSelection:
+    """The selection the trace-selection options ask for (TunerError for a malformed one)."""
+    from tuner.traces.selection import TraceSelection
+
+    return TraceSelection.from_options(window, max_requests, rate_scale, fit)
+
+
+def storage_plan(storage: str | None, artifacts: Path | None, **kwargs):
+    """The storage plan that --storage and --artifacts name (their defaults when left out); `kwargs` go to
+    StoragePlan.resolve."""
+    from tuner.study.plan import StoragePlan
+
+    return StoragePlan.resolve(storage, artifacts, **kwargs)
+
+
+def study_answers(server: str | None, token_file: Path | None, storage: str | None,
+                  artifacts: Path | None) -> Studies:
+    """The study answers: asked of the service at `server`, or read from the storage here."""
+    if server:
+        from tuner.service_client import remote_studies
+
+        return remote_studies(server, token_file)
+    from tuner.studies import LocalStudies
+
+    return LocalStudies(storage_plan(storage, artifacts))

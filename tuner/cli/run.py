@@ -1,0 +1,257 @@
+"""`tuner study run`: trials of a study run here on Ray workers, or on a tuner service and followed from here,
+with a progress bar, a line per finished trial, and SIGINT or SIGTERM stopping the run's trials."""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Callable, Optional
+
+import typer
+from rich.progress import Progress, TaskID
+
+from tuner.cli.options import (ArtifactsOption, JsonOption, RayAddressOption, ServerOption, StorageOption,
+                               StudyArgument, TokenFileOption, storage_plan)
+from tuner.cli.present import summary_line
+from tuner.console import err, out, print_json, progress_bar
+from tuner.errors import TunerError
+
+if TYPE_CHECKING:  # annotations only: the commands load what they run when they run
+    from tuner.study.events import RunEvent, RunReport, TrialStarted, TrialSummary
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """What one `tuner study run` was asked for, its time limits resolved to clock times (epoch seconds)."""
+
+    name: str
+    trials: int | None  # None: as many as fit before stop_at
+    parallel: int | None  # None: every free slot
+    prune: bool
+    deadline: float | None  # start no trial that would end after this
+    stop_at: float | None  # the --window's end: trials still running then are stopped
+    window_s: float | None
+    # A run here:
+    ray_address: str | None
+    heartbeat_s: int
+    grace_s: int
+    storage: str | None
+    artifacts: Path | None
+    events: Path | None  # each trial's start and end appended here, one JSON line each
+    # A run on a service:
+    server: str | None
+    token_file: Path | None
+
+
+class RunProgress:
+    """What a run shows while it goes: the overall bar, a bar per trial in flight, a line per finished trial
+    (none with --json), and the signal that stopped the run, if one did."""
+
+    def __init__(self, progress: Progress, name: str, trials: int | None, as_json: bool):
+        self.progress, self.as_json = progress, as_json
+        self.overall = progress.add_task(f"study {name}: starting Ray", total=trials)
+        self.running: dict[int, TaskID] = {}
+        self.signalled: list[str] = []
+
+    def describe(self, text: str) -> None:
+        """Say what the run as a whole is doing."""
+        self.progress.update(self.overall, description=text)
+
+    def started(self, event: TrialStarted) -> None:
+        """A trial has started on a slot."""
+        what = "baseline (vLLM defaults)" if event.baseline else event.config.to_dict()
+        self.running[event.number] = self.progress.add_task(f"  trial {event.number} on slot {event.slot}: {what}",
+                                                            total=None)
+
+    def done(self, summary: TrialSummary) -> None:
+        """A trial has ended."""
+        if summary.number in self.running:
+            self.progress.remove_task(self.running.pop(summary.number))
+        self.progress.advance(self.overall)
+        if not self.as_json:
+            err.print(summary_line(summary), highlight=False)
+
+
+def _deadline(timeout: float | None, until: str | None) -> float | None:
+    if timeout is not None and until is not None:
+        raise typer.BadParameter("give --timeout or --until, not both")
+    if timeout is not None:
+        return time.time() + timeout
+    if until is None:
+        return None
+    try:
+        at = datetime.strptime(until, "%H:%M").time()
+    except ValueError:
+        raise typer.BadParameter(f"--until expects HH:MM, got {until!r}") from None
+    now = datetime.now()
+    end = datetime.combine(now.date(), at)
+    return (end if end > now else end + timedelta(days=1)).timestamp()
+
+
+def study_run(
+    ctx: typer.Context,
+    name: StudyArgument,
+    trials: Annotated[Optional[int], typer.Option(min=1, help="Trials to run now; default: 8, or with --window "
+                                                              "as many as fit.")] = None,
+    parallel: Annotated[Optional[int], typer.Option(min=1, help="Trials in flight at once; default: every free "
+                                                               "slot (GPUs / tensor_parallel_size, or 1 CPU slot).")] = None,
+    ray_address: RayAddressOption = None,
+    timeout: Annotated[Optional[float], typer.Option(help="Start no trial that would end after S seconds.")] = None,
+    until: Annotated[Optional[str], typer.Option(help="Start no trial that would end after HH:MM.")] = None,
+    window: Annotated[Optional[str], typer.Option(help="Run for at most this long (5h, 30m, 90s): start no trial "
+                                                       "that would end after it, and stop any still running at "
+                                                       "its end.")] = None,
+    prune: Annotated[bool, typer.Option(help="Stop a trial once its boundary can no longer be met.")] = True,
+    heartbeat: Annotated[int, typer.Option(min=1, help="Seconds between a running trial's heartbeats.")] = 30,
+    grace: Annotated[int, typer.Option(min=1, help="Seconds of silence after which a trial counts as "
+                                                   "interrupted and is re-run.")] = 90,
+    storage: StorageOption = None, artifacts: ArtifactsOption = None, as_json: JsonOption = False,
+    server: ServerOption = None, token_file: TokenFileOption = None,
+    events: Annotated[Optional[Path], typer.Option(hidden=True, help="Append each trial's start and end to this "
+                                                                      "file, one JSON line each (the service "
+                                                                      "follows its runs so).")] = None,
+) -> None:
+    """Run trials of a study on Ray workers: each launches vLLM, replays the trace, and is scored under the
+    boundary. SIGINT or SIGTERM stops the trials in flight and records them as stopped (a second one does not
+    wait for that); the run then exits 130."""
+    if server:
+        # The service's runs join its own Ray cluster with its own heartbeat settings. RAY_ADDRESS from the
+        # environment is left alone: only what was typed on this command line is refused.
+        typed = [f"--{option.replace('_', '-')}" for option in ("ray_address", "heartbeat", "grace")
+                 if ctx.get_parameter_source(option).name == "COMMANDLINE"]
+        if typed:
+            raise typer.BadParameter(f"{', '.join(typed)} cannot be used with --server: the service's runs use its "
+                                     f"own Ray cluster and settings")
+    stop_at = window_s = None
+    if window is not None:
+        from tuner.durations import parse_duration
+
+        if timeout is not None or until is not None:
+            raise typer.BadParameter("give --window, or --timeout or --until, not both")
+        window_s = parse_duration(window)
+        stop_at = time.time() + window_s
+    deadline = _deadline(timeout, until)
+    if trials is None and stop_at is None:
+        trials = 8
+    settings = RunSettings(name=name, trials=trials, parallel=parallel, prune=prune, deadline=deadline,
+                           stop_at=stop_at, window_s=window_s, ray_address=ray_address, heartbeat_s=heartbeat,
+                           grace_s=grace, storage=storage, artifacts=artifacts, events=events, server=server,
+                           token_file=token_file)
+    with progress_bar(as_json) as progress:
+        shown = RunProgress(progress, name, trials, as_json)
+        result = _run_on_service(settings, shown) if server else _run_here(settings, shown)
+    if as_json:
+        print_json(result.to_dict())
+    else:
+        if result.stopped_early:
+            out.print(f"stopped after {len(result.trials)} trials: {result.stopped_early}")
+        out.print(f"see `tuner study best {name}`")
+    if shown.signalled:
+        raise typer.Exit(130)
+
+
+def _stop_on_signals(stop_run: Callable[[str], None], signalled: list[str]) -> dict:
+    """From now on the first SIGINT or SIGTERM calls `stop_run` with the reason, which stops the run's trials
+    and records them as stopped (the signal's name is appended to `signalled`); a second one interrupts at once
+    (every engine still dies with its worker). Returns the handlers it replaced."""
+
+    def stop(signum, frame) -> None:
+        if signalled:
+            raise KeyboardInterrupt
+        signalled.append(signal.Signals(signum).name)
+        stop_run(f"the run was stopped ({signalled[0]})")
+
+    return {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+
+def _run_here(settings: RunSettings, shown: RunProgress) -> RunReport:
+    """Run the trials on Ray workers from this process."""
+    from tuner.study.events import PoolReady, TrialDone, TrialStarted
+    from tuner.study.runner import StudyRunner
+
+    plan = storage_plan(settings.storage, settings.artifacts, heartbeat_interval_s=settings.heartbeat_s,
+                        grace_period_s=settings.grace_s)
+    log = open(settings.events, "a", buffering=1) if settings.events else None
+
+    def record(kind: str, data: dict) -> None:
+        if log is not None:
+            log.write(json.dumps({"kind": kind, **data}) + "\n")
+
+    replaced: dict = {}
+
+    def on_event(event: RunEvent) -> None:
+        match event:
+            case PoolReady(slots=slots):
+                # Only now: until the pool is up no trial is in flight, and ray.init replaces the SIGTERM handler.
+                replaced.update(_stop_on_signals(runner.stop, shown.signalled))
+                shown.describe(f"study {settings.name} ({slots} slots)")
+            case TrialStarted():
+                record("trial_started", event.to_dict())
+                shown.started(event)
+            case TrialDone(summary=summary):
+                record("trial_done", {"summary": summary.to_dict()})
+                shown.done(summary)
+
+    runner = StudyRunner(settings.name, plan, prune=settings.prune, parallel=settings.parallel,
+                         ray_address=settings.ray_address, on_event=on_event)
+    try:
+        report = runner.run(settings.trials, settings.deadline, stop_at=settings.stop_at)
+    finally:
+        for sig, handler in replaced.items():
+            signal.signal(sig, handler)
+        if log is not None:
+            log.close()
+    return report
+
+
+def _run_on_service(settings: RunSettings, shown: RunProgress) -> RunReport:
+    """Start the run on the service and follow it. SIGINT or SIGTERM here stops it there, as a local run stops,
+    and it is followed until it has (a second one stops following at once)."""
+    from tuner.service_client import remote_studies
+    from tuner.study.events import RunReport, TrialStarted, TrialSummary
+
+    name, server = settings.name, settings.server
+    studies = remote_studies(server, settings.token_file)
+    # The service's clock may differ from ours: it is sent the time left.
+    timeout_s = None if settings.deadline is None else settings.deadline - time.time()
+    run = studies.start_run(name, settings.trials, settings.parallel, timeout_s, settings.window_s, settings.prune)
+    shown.describe(f"study {name} on {server} (run {run['id']})")
+    # The handler only notes the stop and the loop sends it: an HTTP call from within the handler could cut into
+    # the loop's own request.
+    stop_wanted = threading.Event()
+    replaced = _stop_on_signals(lambda reason: stop_wanted.set(), shown.signalled)
+    stop_sent = False
+    shown_started: set[int] = set()
+    shown_done = 0
+    try:
+        while True:
+            for data in run["in_flight"]:
+                if data["number"] not in shown_started:
+                    shown_started.add(data["number"])
+                    shown.started(TrialStarted.from_dict(data))
+            for summary in run["finished"][shown_done:]:
+                shown.done(TrialSummary.from_dict(summary))
+            shown_done = len(run["finished"])
+            if run["state"] != "running":
+                break
+            if stop_wanted.is_set() and not stop_sent:
+                studies.stop_run(run["id"])
+                stop_sent = True
+                shown.describe(f"study {name} on {server}: stopping run {run['id']}")
+            time.sleep(1.0)
+            run = studies.run(run["id"])
+    except KeyboardInterrupt:  # the second signal: stop following, but never leave the run going
+        if not stop_sent:
+            studies.stop_run(run["id"])
+        raise
+    finally:
+        for sig, handler in replaced.items():
+            signal.signal(sig, handler)
+    if run["state"] == "failed" or run["result"] is None:
+        raise TunerError(f"the run failed on the service: {run['error'] or run['state']}")
+    return RunReport.from_dict(run["result"])

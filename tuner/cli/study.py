@@ -1,0 +1,166 @@
+"""`tuner study ...`: the lifecycle of a study, from the command line (`tuner study run` is in `run`)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.table import Table
+
+from tuner.cli.options import (ArtifactsOption, JsonOption, LimitOption, ModelOption, RequestTimeoutOption,
+                               ServerOption, SetOption, StartupTimeoutOption, StorageOption, StudyArgument,
+                               TokenFileOption, TraceOption, study_answers)
+from tuner.cli.present import best_so_far_line, print_recommendation
+from tuner.cli.run import study_run
+from tuner.console import err, out, print_json
+from tuner.errors import TunerError
+
+study_app = typer.Typer(help="Studies: a search over engine configurations, measured trial by trial.",
+                        no_args_is_help=True)
+
+
+@study_app.command("create")
+def study_create(
+    name: Annotated[str, typer.Argument(help="A name for the study.")],
+    model: ModelOption = None, trace: TraceOption = None,
+    trace_latest: Annotated[Optional[Path], typer.Option(help="Folder of traces: take its most recently modified "
+                                                              "file, and warm-start from the latest study on the "
+                                                              "same model and space with a feasible "
+                                                              "configuration.")] = None,
+    warm_from: Annotated[Optional[str], typer.Option(help="Queue this earlier study's best configurations right "
+                                                          "after the baseline.")] = None,
+    space: Annotated[str, typer.Option(help="Search space: a shipped name, a YAML file, or auto (derived from the "
+                                            "model, this machine and the trace: see `tuner space suggest`).")
+                     ] = "cpu-small",
+    boundary: Annotated[str, typer.Option(help="interactive or batch.")] = "interactive",
+    limit: LimitOption = [],
+    window: Annotated[Optional[str], typer.Option(help="START:END seconds of the trace.")] = None,
+    rate_scale: Annotated[Optional[float], typer.Option(help="Multiply the arrival rate.")] = None,
+    max_requests: Annotated[Optional[int], typer.Option(help="Keep the first N requests.")] = None,
+    fit: Annotated[Optional[str], typer.Option(help="clip or scale lengths to each trial's max_model_len.")] = None,
+    sampler: Annotated[str, typer.Option(help="bottleneck (relieves what vLLM's figures show holds the best "
+                                               "trials back, TPE otherwise), tpe, random or nsga2.")] = "bottleneck",
+    seed: Annotated[Optional[int], typer.Option(help="Sampler seed.")] = None,
+    request_timeout: RequestTimeoutOption = 600.0, startup_timeout: StartupTimeoutOption = 600.0,
+    storage: StorageOption = None, artifacts: ArtifactsOption = None, as_json: JsonOption = False,
+    server: ServerOption = None, token_file: TokenFileOption = None,
+) -> None:
+    """Create a study; its first trial will be vLLM's default configuration (the baseline), then any
+    configurations carried over from an earlier study (--warm-from, or --trace-latest)."""
+    from pydantic import ValidationError
+
+    from tuner.studies import StudyRequest
+
+    if trace is not None and trace_latest is not None:
+        raise typer.BadParameter("give --trace or --trace-latest, not both")
+    try:
+        request = StudyRequest(name=name, model=str(model) if model else None, trace=str(trace) if trace else None,
+                               trace_latest=str(trace_latest) if trace_latest else None, warm_from=warm_from,
+                               space=space, boundary=boundary, limits=limit, window=window, rate_scale=rate_scale,
+                               max_requests=max_requests, fit=fit, sampler=sampler, seed=seed,
+                               request_timeout_s=request_timeout, startup_timeout_s=startup_timeout)
+    except ValidationError as exc:  # the request's own limits (a name of 1 to 200 characters): bad usage
+        first = exc.errors()[0]
+        raise TunerError(f"{'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+    created = study_answers(server, token_file, storage, artifacts).create(request)
+    if as_json:
+        return print_json(created.to_dict())
+    out.print(f"study {name} created in {created.storage}: space {created.space_name}, "
+              f"boundary {created.boundary}, trace {Path(created.trace_path).name}; "
+              f"run it with `tuner study run {name} --trials N`")
+    if "warm_start" in created.model_fields_set:
+        warm = created.warm_start
+        if warm is None:
+            out.print("no earlier study on the same model and space to warm-start from")
+        else:
+            out.print(f"warm start from study {warm.from_}: "
+                      + (f"its trials {', '.join(map(str, warm.trials))} queued after the baseline" if warm.trials
+                         else "it has no feasible configuration besides vLLM's defaults to carry over"))
+            for why in warm.skipped:
+                out.print(f"  not carried over: {why}", highlight=False)
+
+
+study_app.command("run")(study_run)
+
+
+@study_app.command("enqueue")
+def study_enqueue(name: StudyArgument, set_: SetOption,
+                  storage: StorageOption = None, artifacts: ArtifactsOption = None, server: ServerOption = None,
+                  token_file: TokenFileOption = None) -> None:
+    """Queue a configuration to run next, ahead of the sampler."""
+    done = study_answers(server, token_file, storage, artifacts).enqueue(name, set_)
+    out.print(f"enqueued in study {name}: {done.engine_config}")
+
+
+@study_app.command("list")
+def study_list(storage: StorageOption = None, artifacts: ArtifactsOption = None, as_json: JsonOption = False,
+               server: ServerOption = None, token_file: TokenFileOption = None) -> None:
+    """Every study in the storage."""
+    rows = study_answers(server, token_file, storage, artifacts).list()
+    if as_json:
+        return print_json([r.to_dict() for r in rows])
+    table = Table("name", "created", "boundary", "space", "trace", "trials", "feasible")
+    for r in rows:
+        table.add_row(r.name, r.created_at, r.boundary, r.space, r.trace, str(r.trials), str(r.feasible))
+    out.print(table)
+
+
+@study_app.command("status")
+def study_status(name: StudyArgument, storage: StorageOption = None,
+                 artifacts: ArtifactsOption = None, as_json: JsonOption = False, server: ServerOption = None,
+                 token_file: TokenFileOption = None) -> None:
+    """Trials by state, the trial in flight, and the best so far."""
+    data = study_answers(server, token_file, storage, artifacts).status(name)
+    if as_json:
+        return print_json(data.to_dict())
+    best = data.best
+    table = Table(title=f"study {name} ({data.boundary})", show_header=False)
+    table.add_row("trials", str(data.trials))
+    for state, count in sorted(data.by_state.items()):
+        table.add_row(f"  {state}", str(count))
+    table.add_row("in flight", ", ".join(map(str, data.running)) or "-")
+    table.add_row("waiting (enqueued)", ", ".join(map(str, data.waiting)) or "-")
+    table.add_row("best so far", best_so_far_line(best) if best else "none feasible yet")
+    out.print(table)
+
+
+@study_app.command("best")
+def study_best(name: StudyArgument, storage: StorageOption = None,
+               artifacts: ArtifactsOption = None, as_json: JsonOption = False, server: ServerOption = None,
+               token_file: TokenFileOption = None) -> None:
+    """The recommended `vllm serve` command, its boundary, the hardware it was measured on, and the gain over
+    vLLM's default configuration."""
+    from tuner.studies import NoRecommendation
+
+    try:
+        rec = study_answers(server, token_file, storage, artifacts).best(name)
+    except NoRecommendation as exc:
+        if as_json:
+            print_json(None)
+        else:
+            err.print(str(exc), highlight=False)
+        raise typer.Exit(1) from None
+    if as_json:
+        return print_json(rec.to_dict())
+    print_recommendation(rec)
+
+
+@study_app.command("export")
+def study_export(name: StudyArgument,
+                 out_file: Annotated[Optional[Path], typer.Option("--out", help="File to write; default: stdout.")] = None,
+                 format: Annotated[str, typer.Option("--format", help="json or csv.")] = "json",
+                 requests: Annotated[bool, typer.Option(help="Include every request row (json only).")] = False,
+                 storage: StorageOption = None, artifacts: ArtifactsOption = None, server: ServerOption = None,
+                 token_file: TokenFileOption = None) -> None:
+    """Every trial with its configuration, measurement, failure and score."""
+    from tuner.studies import EXPORT_FORMATS
+
+    if format not in EXPORT_FORMATS:
+        raise typer.BadParameter(f"--format must be json or csv, got {format!r}")
+    text = study_answers(server, token_file, storage, artifacts).export(name, format, requests)
+    if out_file is None:
+        sys.stdout.write(text)
+    else:
+        out_file.write_text(text)

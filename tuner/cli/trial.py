@@ -1,0 +1,93 @@
+"""`tuner trial ...`: one engine configuration, launched and measured."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.table import Table
+from rich.text import Text
+
+from tuner.cli.options import (CapOption, EngineArgOption, FitOption, FormatOption, PromptSeedOption, RateOption,
+                               ReplayedTraceOption, RequestTimeoutOption, ServedModelOption, SetOption,
+                               StartupTimeoutOption, WindowOption, trace_selection)
+from tuner.console import fmt, out, print_json, progress_bar
+
+trial_app = typer.Typer(help="One engine configuration, launched and measured.", no_args_is_help=True)
+
+
+def _trial_table(record) -> Table:
+    m = record.measurement
+    table = Table(title="trial", show_header=False)
+    table.add_row("command", Text(record.serve_command))
+    table.add_row("hardware", record.hardware.describe())
+    table.add_row("vLLM", record.vllm_version)
+    table.add_row("trace", Text(f"{record.trace['source']} ({record.trace['requests']} requests, "
+                                f"{record.trace['span_s']:.1f} s)"))
+    for step in record.trace["transformations"]:
+        table.add_row("", step)
+    t = record.timings
+    table.add_row("time", f"startup {t.startup_s:.1f} s, replay {t.replay_s:.1f} s, teardown {t.teardown_s:.1f} s")
+    if record.failure is not None:
+        f = record.failure
+        table.add_row(Text("failure", style="red"), Text.assemble((f.kind.value, "red"), f": {f.message}"))
+        if f.estimated_max_model_len is not None:
+            table.add_row("estimated max model len", str(f.estimated_max_model_len))
+    if m is not None:
+        table.add_row("completed / requests", f"{m.completed} / {m.requests}  {m.outcomes}")
+        table.add_row("completed req/s", fmt(m.completed_rps))
+        table.add_row("output tok/s", fmt(m.output_tps, 1))
+        table.add_row("TTFT p50 / p95 / p99 s", " / ".join(fmt(v) for v in (m.ttft_s.p50, m.ttft_s.p95, m.ttft_s.p99)))
+        table.add_row("e2e p50 / p95 / p99 s", " / ".join(fmt(v) for v in (m.e2e_s.p50, m.e2e_s.p95, m.e2e_s.p99)))
+        table.add_row("queue p50 / p95 s", f"{fmt(m.queue_s_p50)} / {fmt(m.queue_s_p95)}")
+        table.add_row("preemptions", f"{m.preemptions} ({m.preemptions_per_100:.1f} per 100 requests)")
+        table.add_row("running peak / mean", f"{m.running_peak:g} / {m.running_mean:.1f}")
+        table.add_row("waiting peak / mean", f"{m.waiting_peak:g} / {m.waiting_mean:.1f}")
+        table.add_row("KV usage peak", f"{m.kv_usage_peak:.1%}")
+        table.add_row("output tokens requested / actual", f"{m.requested_output_tokens} / {m.actual_output_tokens}")
+        table.add_row("send lateness p99 ms", fmt((m.send_lateness_s.p99 or 0) * 1000, 2))
+    table.add_row("server log", Text(record.log_path))
+    return table
+
+
+@trial_app.command("run")
+def trial_run(
+    model: ServedModelOption = None, trace: ReplayedTraceOption = None, set_: SetOption = [],
+    engine_arg: EngineArgOption = [],
+    format: FormatOption = None, window: WindowOption = None, rate_scale: RateOption = None,
+    max_requests: CapOption = None, fit: FitOption = None,
+    out_dir: Annotated[Optional[Path], typer.Option("--out", help="Folder for the log and records.")] = None,
+    startup_timeout: StartupTimeoutOption = 600.0, request_timeout: RequestTimeoutOption = 600.0,
+    seed: PromptSeedOption = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the record as JSON.")] = False,
+) -> None:
+    """Launch vLLM with one configuration, replay the trace open-loop, and print what users experienced."""
+    from tuner.models import default_model, inspect_model
+    from tuner.paths import bundled_trace
+    from tuner.traces.selection import load_trace
+    from tuner.workers.engine_config import EngineConfig
+    from tuner.workers.trial import TrialSpec, run_trial
+
+    config = EngineConfig.from_assignments(set_)
+    model = model or default_model()
+    trace = trace or bundled_trace()
+    info = inspect_model(model)
+    loaded = load_trace(trace, trace_selection(window, max_requests, rate_scale, fit),
+                        config.max_model_len or info.max_position_embeddings, format)
+    out_dir = out_dir or Path("runs") / datetime.now().strftime("trial-%Y%m%d-%H%M%S")
+    spec = TrialSpec(model=model, trace=loaded, config=config, out_dir=out_dir, startup_timeout_s=startup_timeout,
+                     request_timeout_s=request_timeout, extra_args=tuple(engine_arg), seed=seed)
+    with progress_bar(as_json) as progress:
+        task = progress.add_task("preparing", total=len(loaded.requests))
+        outcome = run_trial(spec, on_phase=lambda p: progress.update(task, description=p),
+                            on_request_done=lambda _: progress.advance(task))
+    record = outcome.record
+    if as_json:
+        print_json(record.to_dict())
+    else:
+        out.print(_trial_table(record))
+        out.print(f"records: {out_dir}/measurement.json, {out_dir}/requests.csv")
+    if record.failure is not None:
+        raise typer.Exit(1)
