@@ -100,7 +100,7 @@ def _device(log: Path, platform: str) -> DeviceMemory:
 
 def log_rows(folders: list[Path], models: Models) -> list[Row]:
     rows = []
-    for folder, log in sorted((folder, p) for folder in folders for p in folder.rglob("server.log")):
+    for root, log in sorted((folder, p) for folder in folders for p in folder.rglob("server.log")):
         text = log.read_text(errors="replace")
         measured, found = logged_kv_tokens(text), _ARGS.search(text)
         if measured is None or found is None:
@@ -109,7 +109,7 @@ def log_rows(folders: list[Path], models: Models) -> list[Row]:
         config = EngineConfig.from_dict({k: v for k, v in args.items() if k in _SETTINGS})
         name = Path(args["model"]).name
         platform = "cpu" if "CPU KV cache size" in text else "cuda"
-        rows.append(_row(str(folder.name / log.relative_to(folder)), models(
+        rows.append(_row(str(root.name / log.relative_to(root)), models(
             name if name in shipped_architectures() else "tiny"), name, config, _device(log, platform), measured))
     return rows
 

@@ -60,7 +60,8 @@ def theirs(base_url: str, model: Path, n: int, rate: float) -> dict:
             "--endpoint", "/v1/completions", "--model", SERVED_MODEL_NAME, "--tokenizer", str(model),
             "--dataset-name", "random", "--random-input-len", str(INPUT), "--random-output-len", str(OUTPUT),
             "--random-range-ratio", "0", "--num-prompts", str(n), "--request-rate", str(rate),
-            "--burstiness", "inf", "--ignore-eos", "--disable-tqdm", "--percentile-metrics", "ttft,e2el", "--seed", str(int(time.time()))]
+            "--burstiness", "inf", "--ignore-eos", "--disable-tqdm", "--percentile-metrics", "ttft,e2el",
+            "--seed", str(int(time.time()))]
     out = subprocess.run(argv, capture_output=True, text=True, timeout=900)
     line = next((x for x in out.stdout.splitlines() if x.startswith("RESULT ")), None)
     if line is None:

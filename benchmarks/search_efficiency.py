@@ -112,7 +112,7 @@ def pruning_savings(grid: dict, bound) -> dict:
     """When the live rule would have stopped each configuration, from its recorded request timeline."""
     total_trial_s = saved_s = 0.0
     stopped = []
-    for k, point in grid["points"].items():
+    for point in grid["points"].values():
         records = [RequestRecord(**{**r, "outcome": Outcome(r["outcome"])}) for r in point["requests"]]
         watch = BoundaryWatch(bound, grid["trace_span_s"])
         replay_s = point["timings"]["replay_s"]

@@ -15,7 +15,7 @@ from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.exc import ArgumentError, IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from tuner.storage.records import StoredTrial, StudySettings, TrialState
+from tuner.storage.records import StoredTrial, StudySettings
 from tuner.storage.schema import Base, RequestRow, StudyRow, TraceRow, TrialRow
 from tuner.storage.urls import redact_url
 from tuner.errors import NotFound, TunerError

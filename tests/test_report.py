@@ -187,7 +187,8 @@ def requests_of(m: Measurement, short_by: int = 0) -> list[RequestRecord]:
         asked = 50 + 10 * i
         served = asked - (short_by if i == 0 else 0)
         rows.append(RequestRecord(i, 0.01 * i, 0.01 * i, asked, 200, served,
-                                  Outcome.OK if served == asked else Outcome.TRUNCATED, ttft_s=0.1, e2e_s=1.0 + 0.1 * i))
+                                  Outcome.OK if served == asked else Outcome.TRUNCATED, ttft_s=0.1,
+                                  e2e_s=1.0 + 0.1 * i))
     return rows
 
 
@@ -291,7 +292,8 @@ def test_html_without_a_feasible_trial_says_so():
 
 def test_timeline_csv_and_kv_budget_are_read_from_the_trial_folder(tmp_path):
     (tmp_path / "timeline.csv").write_text("t_s,running,waiting,kv_usage\n0.5,2,14,0.25\n1.0,2,13,0.5\n")
-    assert read_timeline(tmp_path / "timeline.csv") == [TimelineSample(0.5, 2, 14, 0.25), TimelineSample(1.0, 2, 13, 0.5)]
+    assert read_timeline(tmp_path / "timeline.csv") == [TimelineSample(0.5, 2, 14, 0.25),
+                                                         TimelineSample(1.0, 2, 13, 0.5)]
     assert read_timeline(tmp_path / "missing.csv") is None
     (tmp_path / "bad.csv").write_text("when,what\n1,2\n")
     assert read_timeline(tmp_path / "bad.csv") is None

@@ -79,7 +79,8 @@ def test_watch_counts_failures_against_completion():
     watch = BoundaryWatch(boundary("interactive", {"min_completion_ratio": 0.9}), trace_span_s=10.0)
     two_failed = [_record(0, None, outcome=Outcome.HTTP_ERROR), _record(1, None, outcome=Outcome.TIMEOUT)]
     assert watch(_live(20, two_failed)) is None  # 2 of 20 may fail
-    assert "completion ratio cannot reach" in watch(_live(20, two_failed + [_record(2, None, outcome=Outcome.HTTP_ERROR)]))
+    third = _record(2, None, outcome=Outcome.HTTP_ERROR)
+    assert "completion ratio cannot reach" in watch(_live(20, two_failed + [third]))
 
 
 def test_watch_never_stops_a_trial_that_could_still_be_feasible():

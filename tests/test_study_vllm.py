@@ -38,8 +38,8 @@ def study(tiny_model, tmp_path_factory):
     storage = f"sqlite:///{root / 'tuner.db'}"
     common = ["--storage", storage, "--artifacts", str(root / "artifacts")]
     tuner("study", "create", "s", "--model", str(tiny_model), "--trace", str(AZURE_CONV), "--window", "300:400",
-          "--max-requests", "16",
-          "--rate-scale", "100", "--fit", "clip", "--space", "cpu-small", *NO_LATENCY_LIMIT_ARGS, "--seed", "3", *common)
+          "--max-requests", "16", "--rate-scale", "100", "--fit", "clip", "--space", "cpu-small",
+          *NO_LATENCY_LIMIT_ARGS, "--seed", "3", *common)
     plan = StoragePlan.resolve(storage, root / "artifacts")
     for config in (INFEASIBLE, KV_INSUFFICIENT, PRESSURED):
         enqueue_config("s", plan, config)

@@ -63,9 +63,11 @@ def test_two_cpu_slots_run_two_real_trials_at_once(tiny_model, tmp_path):
     plan = _study(tiny_model, tmp_path, "pair")
     enqueue_config("pair", plan, QUEUED)
     slots_seen = []
-    report = StudyRunner("pair", plan, parallel=2,
-                         on_event=lambda event: slots_seen.append(event.slot) if isinstance(event, TrialStarted) else None
-                         ).run(2)
+    def on_event(event) -> None:
+        if isinstance(event, TrialStarted):
+            slots_seen.append(event.slot)
+
+    report = StudyRunner("pair", plan, parallel=2, on_event=on_event).run(2)
     assert [t.state for t in report.trials] == ["complete", "complete"]
     assert sorted(slots_seen) == [0, 1]
     a, b = (_interval(t) for t in Repository(plan.url).trials("pair"))

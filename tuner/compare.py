@@ -228,7 +228,7 @@ def _s(value: float) -> str:
 def _join(clauses: list[tuple[str, bool]]) -> str:
     """Clauses (text, for the better) joined with "and" when they point the same way, "but" when not."""
     text = clauses[0][0]
-    for (prev, prev_good), (clause, good) in zip(clauses, clauses[1:]):
+    for (_, prev_good), (clause, good) in zip(clauses, clauses[1:], strict=False):
         text += (" and " if good == prev_good else " but ") + clause
     return text
 

@@ -125,7 +125,8 @@ def write_tiny_model(folder: str | Path, seed: int = 0) -> Path:
     )
     tokenizer.train_from_iterator(_tokenizer_corpus(seed=seed), trainer=trainer)
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, unk_token="<unk>", bos_token="<s>", eos_token="</s>", model_max_length=TINY_MAX_POSITIONS
+        tokenizer_object=tokenizer, unk_token="<unk>", bos_token="<s>", eos_token="</s>",
+        model_max_length=TINY_MAX_POSITIONS
     )
     fast.save_pretrained(target)
 

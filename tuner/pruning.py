@@ -74,7 +74,8 @@ class BoundaryWatch:
                 or (p.first_token is not None and p.first_token - p.sent > limit)
                 for p in live.in_flight.values())
             if _quantile_certainly_over(over, pending, len(finished) - len(counted), total, left):
-                return f"{over + pending} requests already waited over {limit:g} s for a first token: p95 cannot meet it"
+                return (f"{over + pending} requests already waited over {limit:g} s for a first token: "
+                        "p95 cannot meet it")
         makespan = b.makespan_limit_s(self.trace_span_s)
         if makespan is not None and now > makespan and len(finished) < total:
             return f"the replay is past its makespan limit of {makespan:.1f} s with requests unfinished"

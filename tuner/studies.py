@@ -258,8 +258,9 @@ class LocalStudies:
         return StudyStatus.model_validate({
             "name": name, "boundary": settings.boundary, "trials": len(stored), "by_state": states,
             "running": running, "waiting": waiting,
-            "best": {"trial": rec.trial.trial_number, **rec.trial.scored.to_dict(), "serve_command": rec.trial.serve_command,
-                     **recommendation_context(rec, settings)} if rec else None})
+            "best": {"trial": rec.trial.trial_number, **rec.trial.scored.to_dict(),
+                     "serve_command": rec.trial.serve_command, **recommendation_context(rec, settings)}
+            if rec else None})
 
     def best(self, name: str) -> RecommendationAnswer:
         from tuner.study.recommendation import recommend

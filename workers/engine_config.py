@@ -58,7 +58,8 @@ class EngineConfig:
         if self.dtype is not None and self.dtype not in _DTYPES:
             raise TunerError(f"dtype must be one of {', '.join(_DTYPES)}, got {self.dtype!r}")
         if self.kv_cache_dtype is not None and self.kv_cache_dtype not in _KV_CACHE_DTYPES:
-            raise TunerError(f"kv_cache_dtype must be one of {', '.join(_KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
+            raise TunerError(f"kv_cache_dtype must be one of {', '.join(_KV_CACHE_DTYPES)}, "
+                             f"got {self.kv_cache_dtype!r}")
 
     def to_dict(self) -> dict[str, Any]:
         """Only the fields that were set: the rest is vLLM's default."""

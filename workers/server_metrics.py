@@ -77,7 +77,8 @@ def parse_metrics(text: str) -> MetricsSnapshot:
             else:
                 samples[sample.name] += sample.value
     histograms = {
-        name: Histogram(tuple(sorted(by_le.items())), samples.get(name + "_sum", 0.0), samples.get(name + "_count", 0.0))
+        name: Histogram(tuple(sorted(by_le.items())), samples.get(name + "_sum", 0.0),
+                        samples.get(name + "_count", 0.0))
         for name, by_le in buckets.items()
     }
     return MetricsSnapshot(dict(samples), histograms)

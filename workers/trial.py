@@ -117,7 +117,8 @@ def write_artifacts(outcome: TrialOutcome, out_dir: Path) -> None:
     """measurement.json (the whole record), requests.csv (one row per request) and timeline.csv (vLLM's
     gauges sampled during the replay) beside server.log."""
     (out_dir / "measurement.json").write_text(json.dumps(outcome.record.to_dict(), indent=2) + "\n")
-    _write_csv(out_dir / "requests.csv", list(RequestRecord.__dataclass_fields__), [r.to_dict() for r in outcome.requests])
+    _write_csv(out_dir / "requests.csv", list(RequestRecord.__dataclass_fields__),
+               [r.to_dict() for r in outcome.requests])
     _write_csv(out_dir / "timeline.csv", list(TimelineSample.__dataclass_fields__),
                [asdict(s) for s in outcome.timeline])
 

@@ -98,8 +98,9 @@ def study_run(
     name: StudyArgument,
     trials: Annotated[Optional[int], typer.Option(min=1, help="Trials to run now; default: 8, or with --window "
                                                               "as many as fit.")] = None,
-    parallel: Annotated[Optional[int], typer.Option(min=1, help="Trials in flight at once; default: every free "
-                                                               "slot (GPUs / tensor_parallel_size, or 1 CPU slot).")] = None,
+    parallel: Annotated[Optional[int], typer.Option(
+        min=1, help="Trials in flight at once; default: every free slot (GPUs / tensor_parallel_size, or 1 CPU "
+                    "slot).")] = None,
     ray_address: RayAddressOption = None,
     timeout: Annotated[Optional[float], typer.Option(help="Start no trial that would end after S seconds.")] = None,
     until: Annotated[Optional[str], typer.Option(help="Start no trial that would end after HH:MM.")] = None,

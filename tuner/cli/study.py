@@ -149,7 +149,8 @@ def study_best(name: StudyArgument, storage: StorageOption = None,
 
 @study_app.command("export")
 def study_export(name: StudyArgument,
-                 out_file: Annotated[Optional[Path], typer.Option("--out", help="File to write; default: stdout.")] = None,
+                 out_file: Annotated[Optional[Path],
+                                     typer.Option("--out", help="File to write; default: stdout.")] = None,
                  format: Annotated[str, typer.Option("--format", help="json or csv.")] = "json",
                  requests: Annotated[bool, typer.Option(help="Include every request row (json only).")] = False,
                  storage: StorageOption = None, artifacts: ArtifactsOption = None, server: ServerOption = None,

@@ -268,7 +268,8 @@ def output_lengths_figure(data: ReportData) -> Figure | None:
             marker={"color": _role_color(role), "size": 9,
                     "symbol": "circle" if "recommended" in role else "circle-open"},
             name=f"{role} (trial {t.trial_number})",
-            hovertext=[f"request {r.index}: {r.output_tokens}/{r.requested_tokens} tokens, {r.outcome.value}" for r in rows],
+            hovertext=[f"request {r.index}: {r.output_tokens}/{r.requested_tokens} tokens, {r.outcome.value}"
+                       for r in rows],
             hoverinfo="text"), row=1, col=2)
     if featured:
         fig.add_trace(go.Scatter(x=[0, longest], y=[0, longest], mode="lines", name="served = requested",
