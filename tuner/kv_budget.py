@@ -32,7 +32,7 @@ CUDA_RESERVED_BYTES = int(0.57 * GiB)  # of the card's total as nvidia-smi repor
 CUDA_OVERHEAD_BYTES = int(0.40 * GiB)  # memory outside torch's allocator once the model has run
 ACTIVATION_FACTOR = 2.9  # peak activation = factor x batched tokens x (hidden + intermediate) x dtype bytes
 # The estimate's stated error: the largest of the calibration rows (Qwen2.5-32B fp8, 3.6%), rounded up.
-# An explicit KV budget is exact (measured on the CPU build: tests/test_kv_budget_vllm.py).
+# An explicit KV budget is exact (measured on the CPU build: BENCHMARKS.md, section 5).
 ESTIMATE_ERROR = 0.05
 # The CPU build without an explicit budget keeps the utilization's share of RAM less its own resident memory
 # (weights, runtime), which is known only after its warm-up: not calibrated, so a wide error.

@@ -20,7 +20,7 @@ from tuner.traces.records import Trace, TraceRequest, Transformation
 from tuner.traces.stats import trace_stats
 from tuner.traces.transforms import cap_requests, fit_to_context, scale_rate, window
 
-TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
+TRACES = Path(__file__).resolve().parents[3] / "shared" / "traces"
 
 # /work/shared/traces/README.md, verbatim: rows, span s, rate, CV of gaps, input p50/p95/p99, output p50/p95/p99,
 # sha256 prefix.

@@ -3,8 +3,8 @@ loses nothing already stored: the real traces' lines truncated and mutated in ev
 fuzzed, bad command-line values against a stored study, and settings holding shell metacharacters, which are
 refused or reach vLLM's argv literally and show shell-quoted in the `vllm serve` command.
 
-tests/test_traces.py fuzzes synthetic lines under each format's header and detection on random bytes, and
-tests/test_search_spaces.py lists broken space files one by one; this file covers what they do not."""
+tests/unit/test_traces.py fuzzes synthetic lines under each format's header and detection on random bytes, and
+tests/unit/test_search_spaces.py lists broken space files one by one; this file covers what they do not."""
 
 from __future__ import annotations
 

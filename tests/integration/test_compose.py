@@ -29,11 +29,11 @@ from sqlalchemy.engine import make_url
 
 from tuner.workers.launch import free_port
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 COMPOSE = REPO / "docker-compose.yml"
 ENV_EXAMPLE = REPO / ".env.example"
 DOCKERFILE = REPO / "Dockerfile"
-SCHEMA = Path(__file__).parent / "data" / "compose-spec.json"
+SCHEMA = Path(__file__).resolve().parents[1] / "data" / "compose-spec.json"
 SECRETS = ("POSTGRES_PASSWORD", "TUNER_API_TOKEN", "RAY_AUTH_TOKEN")
 
 

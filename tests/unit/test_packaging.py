@@ -6,7 +6,7 @@ import sys
 import zipfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_the_wheel_installs_only_the_tuner_package_with_its_data(tmp_path):

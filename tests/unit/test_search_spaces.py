@@ -128,7 +128,7 @@ def test_default_space_proposes_unchunked_batches_that_the_rules_reject():
 
 # ---- the published JSON Schema ----
 
-SCHEMA = Path(__file__).parent.parent / "search_spaces" / "schema.json"
+SCHEMA = Path(__file__).resolve().parents[2] / "search_spaces" / "schema.json"
 
 
 def test_the_published_schema_is_the_one_the_models_generate():
