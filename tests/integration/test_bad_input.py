@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 
 from conftest import AZURE_CONV, TRACES
 from tuner.search_spaces import SearchSpace, SpaceContext, load_space
-from test_traces import assert_valid, mostly
+from checks import assert_valid, mostly
 from tuner.errors import TraceFormatError, TunerError
 from tuner.traces.readers import READERS, read_trace
 from tuner.traces.selection import TraceSelection, load_trace, parse_window

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from conftest import AZURE_CONV, REPO, run_tuner as tuner
-from test_report import check_page_in_chromium
+from checks import check_page_in_chromium
 from tuner.study.create import enqueue_config
 from tuner.study.plan import StoragePlan
 from tuner.workers.engine_config import EngineConfig

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
@@ -23,7 +22,7 @@ from tuner.workers.measure import Measurement, Percentiles, TrialTimings
 from tuner.workers.replay import Outcome, RequestRecord
 from tuner.workers.server_metrics import TimelineSample
 
-from conftest import CHROMIUM_ARGS
+from checks import check_page_in_chromium
 from factories import measurement, study_settings
 
 PLOT_IDS = ("pareto", "preemptions", "time_split", "timelines", "output_lengths")
@@ -303,43 +302,6 @@ def test_timeline_csv_and_kv_budget_are_read_from_the_trial_folder(tmp_path):
     assert kv_budget_tokens(trial, settings().model_info, log) == 3072
     assert kv_budget_tokens(trial, settings().model_info, tmp_path / "none.log") is None  # blocks of unknown size
     assert kv_budget_tokens(report_data().trials[0], settings().model_info, None) == 268435456 // 4096
-
-
-def check_page_in_chromium(page_path: Path, screenshot: Path) -> dict:
-    """Open the page from file:// in headless Chromium: every plot drawn, no JavaScript error, nothing
-    fetched from a network. Returns what was found, for further checks."""
-    from playwright.sync_api import sync_playwright
-
-    errors: list[str] = []
-    fetched: list[str] = []
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.on("pageerror", lambda e: errors.append(f"pageerror: {e}"))
-            page.on("console", lambda msg: errors.append(f"console {msg.type}: {msg.text}")
-                    if msg.type == "error" else None)
-            page.on("request", lambda r: fetched.append(r.url))
-            page.goto(page_path.resolve().as_uri(), wait_until="load")
-            expected = page.eval_on_selector_all("[data-figure]", "els => els.map(e => e.dataset.figure)")
-            page.wait_for_function(
-                "n => document.querySelectorAll('.js-plotly-plot .main-svg').length >= n", arg=len(expected))
-            drawn = page.eval_on_selector_all(".js-plotly-plot", """els => els.map(el => ({
-                id: el.id, svg: el.querySelectorAll('svg.main-svg').length,
-                traces: (el._fullData || []).length,
-                marks: el.querySelectorAll('.point, .js-line, .bars path').length,
-                figure: el.closest('[data-figure]') ? el.closest('[data-figure]').dataset.figure : null}))""")
-            screenshot.parent.mkdir(parents=True, exist_ok=True)
-            page.screenshot(path=str(screenshot), full_page=True)
-        finally:
-            browser.close()
-    assert not errors, errors
-    remote = [u for u in fetched if not u.startswith(("file:", "data:", "blob:"))]
-    assert not remote, f"the page fetched {remote}"
-    assert sorted(d["figure"] for d in drawn) == sorted(expected)
-    for d in drawn:
-        assert d["svg"] > 0 and d["traces"] > 0 and d["marks"] > 0, d
-    return {"figures": expected, "drawn": drawn}
 
 
 def test_page_built_from_stored_trials_renders_in_chromium(tmp_path):

@@ -20,6 +20,8 @@ from tuner.traces.records import Trace, TraceRequest, Transformation
 from tuner.traces.stats import trace_stats
 from tuner.traces.transforms import cap_requests, fit_to_context, scale_rate, window
 
+from checks import assert_valid, mostly
+
 TRACES = Path(__file__).resolve().parents[3] / "shared" / "traces"
 
 # /work/shared/traces/README.md, verbatim: rows, span s, rate, CV of gaps, input p50/p95/p99, output p50/p95/p99,
@@ -47,15 +49,6 @@ def matches_table(actual: float, shown: str) -> bool:
     figure = Decimal(shown.replace(",", ""))
     half_unit = Decimal(1).scaleb(figure.as_tuple().exponent) / 2
     return abs(Decimal(actual) - figure) <= half_unit
-
-
-def assert_valid(trace: Trace) -> None:
-    assert trace.requests
-    arrivals = [r.arrival_s for r in trace.requests]
-    assert arrivals == sorted(arrivals) and arrivals[0] == 0
-    for r in trace.requests:
-        assert r.input_tokens >= 1 and r.output_tokens >= 1 and math.isfinite(r.arrival_s)
-        assert all(isinstance(b, int) and b >= 0 for b in r.prefix_blocks)
 
 
 # --- the real traces ---
@@ -286,11 +279,6 @@ def test_missing_file_and_directory(tmp_path: Path) -> None:
 
 
 # --- no byte content escapes as another exception ---
-
-def mostly(plausible: st.SearchStrategy, junk: st.SearchStrategy) -> st.SearchStrategy:
-    """`plausible` nine times in ten, so that fuzzing reaches valid traces as well as every error."""
-    return st.integers(0, 9).flatmap(lambda k: junk if k == 0 else plausible)
-
 
 TOKENS = st.integers(0, 5000)
 SECONDS = st.floats(0, 1e6)
