@@ -2,15 +2,18 @@
 a third of the grid's trials, several seeds each, choosing among those measured configurations.
 
 Phase 1 (real, minutes): every configuration of a 12-point grid (max_num_seqs x KV blocks x
-max_num_batched_tokens) is launched and replays the same trace slice, without pruning; the records are kept
-in --grid FILE (reused if it exists). Phase 2 (seconds): for each seed, an Optuna study over exactly those grid
-values asks for configurations, each answered with its real measurement, scored under the boundary as a study
-scores it; the best feasible throughput reached (the study's recommendation rule) is compared with the grid's
-best. Also: the trial time the pruning rule saves, applying tuner.pruning.BoundaryWatch to each grid
-configuration's recorded request timeline as the live replay would have seen it.
+max_num_batched_tokens) is launched and, by default, searched for its capacity (`--load search`: the load
+probes of a study's trial, in full; `--load fixed`: one replay of the trace slice), without pruning; the records
+are kept in --grid FILE (reused if it exists; a grid recorded before load searches is a fixed-load one). Phase 2
+(seconds): for each seed, an Optuna study over exactly those grid values asks for configurations, each answered
+with its real measurement, scored under the boundary as a study scores it; the best feasible capacity (at a
+fixed load, completed throughput) reached by the study's recommendation rule is compared with the grid's best.
+Also: the trial time the pruning rule saves, applying tuner.pruning.BoundaryWatch to each grid configuration's
+recorded request timeline (the first probe's) as the live replay would have seen it.
 
     .venv/bin/python benchmarks/search_efficiency.py --model DIR --grid benchmarks/results/grid-64req-2x.json \
-        [--max-requests 64 --rate-scale 2] [--seeds 20] [--limit e2e_p95_s=4] [--json FILE]
+        [--max-requests 64 --rate-scale 2] [--load search|fixed --probe-requests 80] [--seeds 20] \
+        [--limit e2e_p95_s=4] [--json FILE]
 """
 
 from __future__ import annotations
@@ -30,12 +33,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tuner.pruning import BoundaryWatch  # noqa: E402
 from tuner.bottleneck import measurement_attrs  # noqa: E402
-from tuner.scoring import DIRECTIONS, boundary, parse_limits, score  # noqa: E402
+from tuner.capacity import JudgedProbe, LoadPolicy, capacity_of  # noqa: E402
+from tuner.scoring import DIRECTIONS, Capacity, boundary, parse_limits, score  # noqa: E402
 from tuner.samplers import make_sampler  # noqa: E402
 from tuner.study.recommendation import THROUGHPUT_TIE  # noqa: E402
 from tuner.traces.selection import TraceSelection, load_trace  # noqa: E402
 from tuner.workers.engine_config import EngineConfig  # noqa: E402
-from tuner.workers.measure import Measurement, Percentiles  # noqa: E402
+from tuner.workers.measure import Measurement  # noqa: E402
 from tuner.workers.replay import InFlight, LiveReplay, Outcome, RequestRecord  # noqa: E402
 from tuner.workers.trial import TrialSpec, run_trial  # noqa: E402
 
@@ -49,48 +53,61 @@ def key(params: dict) -> str:
     return json.dumps({k: params[k] for k in GRID}, sort_keys=True)
 
 
-def measure_grid(model: Path, selection: TraceSelection) -> dict:
+def measure_grid(model: Path, selection: TraceSelection, policy: LoadPolicy, bound) -> dict:
+    """Every grid configuration launched once: at a fixed load, or with the load search (its full search: below
+    a failing reference too, and no best-so-far shortcut, so that every point has its own capacity)."""
     trace = load_trace(TRACE, selection, FIXED["max_model_len"])
     points = {}
     for values in itertools.product(*GRID.values()):
         params = dict(zip(GRID, values))
         with tempfile.TemporaryDirectory() as tmp:
-            outcome = run_trial(TrialSpec(model, trace, EngineConfig(**FIXED, **params), Path(tmp)))
+            outcome = run_trial(TrialSpec(model, trace, EngineConfig(**FIXED, **params), Path(tmp),
+                                          load=policy.plan(bound, below_reference=True)))
         record = outcome.record
+        judged = [JudgedProbe.of(run, bound) for run in outcome.probes]
+        capacity = capacity_of(judged, policy, selection.rate_scale or 1.0) if policy.mode == "search" else None
         points[key(params)] = {"params": params, "timings": asdict(record.timings),
                                "measurement": record.measurement.to_dict() if record.measurement else None,
                                "failure": record.failure.kind.value if record.failure else None,
-                               "requests": [r.to_dict() for r in outcome.requests]}
+                               "requests": [r.to_dict() for r in outcome.requests],
+                               "capacity": capacity.to_dict() if capacity else None,
+                               "probes": [j.to_dict() for j in judged] if capacity else []}
         m = record.measurement
         print(f"measured {params}: {m.completed}/{m.requests} ok, {m.completed_rps:.3f} req/s, "
-              f"p95 e2e {m.e2e_s.p95:.2f} s, preemptions {m.preemptions}, trial {record.timings.total_s:.1f} s",
-              flush=True)
+              f"p95 e2e {m.e2e_s.p95:.2f} s, preemptions {m.preemptions}, "
+              f"capacity {capacity.rps if capacity else '-'}, trial {record.timings.total_s:.1f} s", flush=True)
     return {"trace_span_s": trace.span_s, "selection": {"max_requests": selection.max_requests,
-                                                         "rate_scale": selection.rate_scale}, "points": points}
+                                                         "rate_scale": selection.rate_scale},
+            "load": policy.to_dict(), "points": points}
 
 
 def _measurement(data: dict) -> Measurement:
-    fields = dict(data)
-    for name in ("ttft_s", "e2e_s", "send_lateness_s"):
-        fields[name] = Percentiles(**fields[name])
-    return Measurement(**fields)
+    return Measurement.from_dict(data)
 
 
 def scores(grid: dict, bound) -> dict[str, object]:
-    return {k: score(_measurement(p["measurement"]), bound, grid["trace_span_s"]) for k, p in grid["points"].items()}
+    """Each point scored as a study scores it: by its capacity after a load search (the engine must keep up at the
+    reference load then), else by its one replay."""
+    scored = {}
+    for k, p in grid["points"].items():
+        capacity = Capacity.from_dict(p["capacity"]) if p.get("capacity") else None
+        scored[k] = score(_measurement(p["measurement"]), bound, grid["trace_span_s"], capacity,
+                          judge_pace=capacity is not None)
+    return scored
 
 
-def recommended_rps(scored: list) -> float:
-    """The study's rule: highest completed throughput among feasible, near-ties to lower p95."""
+def recommended_rps(scored: list, tie: float) -> float:
+    """The study's rule: the highest first objective (capacity, or completed throughput at a fixed load) among
+    the feasible, near-ties (within `tie`) to the lower p95."""
     feasible = [s for s in scored if s.feasible]
     if not feasible:
         return 0.0
-    top = max(s.completed_rps for s in feasible)
-    contenders = [s for s in feasible if s.completed_rps >= top * (1 - THROUGHPUT_TIE)]
-    return min(contenders, key=lambda s: (s.e2e_p95_s, -s.completed_rps)).completed_rps
+    top = max(s.objectives[0] for s in feasible)
+    contenders = [s for s in feasible if s.objectives[0] >= top * (1 - tie)]
+    return min(contenders, key=lambda s: (s.e2e_p95_s, -s.objectives[0])).objectives[0]
 
 
-def search(grid: dict, scored: dict, sampler: str, seed: int, budget: int) -> list[float]:
+def search(grid: dict, scored: dict, sampler: str, seed: int, budget: int, tie: float) -> list[float]:
     study = optuna.create_study(directions=list(DIRECTIONS), sampler=make_sampler(sampler, seed))
     seen, curve = [], []
     for _ in range(budget):
@@ -104,7 +121,7 @@ def search(grid: dict, scored: dict, sampler: str, seed: int, budget: int) -> li
             trial.set_constraint(name, value)
         study.tell(trial, list(s.objectives))
         seen.append(s)
-        curve.append(recommended_rps(seen))
+        curve.append(recommended_rps(seen, tie))
     return curve
 
 
@@ -114,12 +131,12 @@ def pruning_savings(grid: dict, bound) -> dict:
     stopped = []
     for point in grid["points"].values():
         records = [RequestRecord(**{**r, "outcome": Outcome(r["outcome"])}) for r in point["requests"]]
-        watch = BoundaryWatch(bound, grid["trace_span_s"])
+        watch = BoundaryWatch(bound)
         replay_s = point["timings"]["replay_s"]
         total_trial_s += point["timings"]["startup_s"] + replay_s + point["timings"]["teardown_s"]
         t = 0.25
         while t < replay_s:
-            live = LiveReplay(origin=0.0, total=len(records))
+            live = LiveReplay(origin=0.0, total=len(records), span_s=grid["trace_span_s"])
             for r in records:
                 end = None if r.sent_s is None else r.sent_s + (r.e2e_s if r.e2e_s is not None else replay_s)
                 if end is not None and end <= t:
@@ -147,15 +164,21 @@ def main() -> None:
     parser.add_argument("--rate-scale", type=float, default=2.0, help="trace slice of a new grid")
     parser.add_argument("--limit", action="append", default=[])
     parser.add_argument("--samplers", default="bottleneck,tpe,random")
+    parser.add_argument("--load", choices=("search", "fixed"), default="search",
+                        help="measure each point's capacity (the load search) or one replay at the reference load")
+    parser.add_argument("--probe-requests", type=int, default=80)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
+    bound = boundary("interactive", parse_limits(args.limit))
     if not args.grid.exists():
         selection = TraceSelection(max_requests=args.max_requests, rate_scale=args.rate_scale, fit="clip")
-        args.grid.write_text(json.dumps(measure_grid(args.model, selection), indent=1) + "\n")
+        policy = LoadPolicy(probe_requests=args.probe_requests) if args.load == "search" else LoadPolicy.fixed()
+        args.grid.write_text(json.dumps(measure_grid(args.model, selection, policy, bound), indent=1) + "\n")
     grid = json.loads(args.grid.read_text())
-    bound = boundary("interactive", parse_limits(args.limit))
+    policy = LoadPolicy.from_dict(grid.get("load"))
+    tie = policy.precision if policy.mode == "search" else THROUGHPUT_TIE
     scored = scores(grid, bound)
-    best = recommended_rps(list(scored.values()))
+    best = recommended_rps(list(scored.values()), tie)
     feasible = sum(s.feasible for s in scored.values())
     budget = len(scored) // 3
     print(f"grid: {len(scored)} configurations, {feasible} feasible under {bound}; best {best:.3f} req/s; "
@@ -163,7 +186,7 @@ def main() -> None:
     result = {"grid_best_rps": best, "feasible": feasible, "budget": budget, "boundary": bound.to_dict(),
               "samplers": {}}
     for sampler in args.samplers.split(","):
-        curves = [search(grid, scored, sampler, seed, budget) for seed in range(args.seeds)]
+        curves = [search(grid, scored, sampler, seed, budget, tie) for seed in range(args.seeds)]
         fractions = [[c / best for c in curve] for curve in curves]
         medians = [statistics.median(f[i] for f in fractions) for i in range(budget)]
         final = [f[-1] for f in fractions]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import yaml
 
-from tuner.search_spaces.space import PLATFORMS, SearchSpace, parse_space
+from tuner.search_spaces import PLATFORMS, SearchSpace, parse_space
 from tuner.errors import TunerError
 from tuner.kv_budget import GiB, BLOCK_TOKENS, DeviceMemory, Fit, ModelMemory, estimate_kv
 from tuner.traces.records import Trace
@@ -41,15 +41,20 @@ class DerivedRange:
     reason: str
 
     def to_dict(self) -> dict:
+        """JSON-ready: the setting, its values and the reason."""
         return {"setting": self.setting, "values": self.values, "reason": self.reason}
 
 
 @dataclass(frozen=True)
 class DerivedSpace:
+    """A search space derived for a model, machine and trace: the space as a study will read it, and each derived range
+    with its reason."""
+
     space: SearchSpace  # parsed back from `space.text`, as a study will read it
     ranges: tuple[DerivedRange, ...]
 
     def to_dict(self) -> dict:
+        """JSON-ready: the ranges and the space file's text."""
         return {"ranges": [r.to_dict() for r in self.ranges], "text": self.space.text}
 
 

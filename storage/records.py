@@ -13,10 +13,12 @@ from typing import Any
 from tuner.hardware import HardwareInfo
 from tuner.kv_budget import ModelMemory
 from tuner.models import ModelInfo
+from tuner.capacity import JudgedProbe, LoadPolicy
 from tuner.scoring import Rejection, Score
 from tuner.traces.selection import TraceSelection
 from tuner.workers.engine_config import EngineConfig
-from tuner.workers.measure import Measurement, TrialRecord, TrialTimings
+from tuner.workers.measure import Measurement, TrialTimings
+from tuner.workers.trial import TrialRecord
 
 BOUNDARIES = ("interactive", "batch")
 
@@ -82,6 +84,7 @@ class StudySettings:
     seed: int | None
     request_timeout_s: float
     startup_timeout_s: float
+    load: LoadPolicy = field(default_factory=LoadPolicy)
 
     def __post_init__(self) -> None:
         if self.boundary not in BOUNDARIES:
@@ -91,6 +94,7 @@ class StudySettings:
         """The settings as stored (and exported): JSON-ready values."""
         data = {f.name: getattr(self, f.name) for f in fields(self)}
         data.update(model_info=self.model_info.to_dict(), trace_selection=self.trace_selection.to_dict(),
+                    load=self.load.to_dict(),
                     # The studies table keeps a column of this name, always empty: dropping it would take a
                     # migration, and exports and answers have always carried it.
                     extra={})
@@ -99,10 +103,39 @@ class StudySettings:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> StudySettings:
         """The settings `to_dict` gave (other keys, such as the row's id and `extra`, are left out)."""
-        values = {f.name: data[f.name] for f in fields(cls)}
+        values = {f.name: data[f.name] for f in fields(cls) if f.name != "load"}
         values.update(model_info=StudyModel.from_dict(data["model_info"]),
-                      trace_selection=TraceSelection.from_dict(data["trace_selection"]))
+                      trace_selection=TraceSelection.from_dict(data["trace_selection"]),
+                      load=LoadPolicy.from_dict(data.get("load")))
         return cls(**values)
+
+
+@dataclass(frozen=True)
+class ValidationMark:
+    """What a validation launch (tuner.validation) is: which validation of the study (from 1), which round (from
+    1; each arm is launched once per round, in the same order) of how many planned, which arm (0 is vLLM's
+    default), and the search trial whose configuration it launches again (None for vLLM's default)."""
+
+    run: int
+    round: int
+    repeats: int
+    arm: int
+    of_trial: int | None
+
+    @property
+    def default(self) -> bool:
+        """Whether this launch runs vLLM's default configuration."""
+        return self.of_trial is None
+
+    def to_dict(self) -> dict[str, Any]:
+        """As stored (the trial's `validation` column and its Optuna user attribute)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ValidationMark:
+        """The mark `to_dict` gave."""
+        return cls(**data)
+
 
 
 def _score_from_dict(data: dict[str, Any]) -> Score | Rejection | None:
@@ -136,6 +169,8 @@ class StoredTrial:
     finished_at: str | None
     score: Score | Rejection | None  # a Score once served and scored; a Rejection if refused before launch
     prune_reason: str | None = None
+    probes: list[JudgedProbe] = field(default_factory=list)  # the first at the reference load; none at a fixed load
+    validation: ValidationMark | None = None  # a validation launch (tuner.validation); None for a search trial
     id: int | None = field(default=None, compare=False)  # the row's, once stored
 
     def __post_init__(self) -> None:
@@ -162,7 +197,9 @@ class StoredTrial:
                     measurement=self.measurement.to_dict() if self.measurement else None,
                     timings=self.timings.to_dict() if self.timings else {},
                     hardware=self.hardware.to_dict() if self.hardware else {},
-                    score=self.score.to_dict() if self.score else {})
+                    score=self.score.to_dict() if self.score else {},
+                    probes=[p.to_dict() for p in self.probes],
+                    validation=self.validation.to_dict() if self.validation else None)
         return data
 
     @classmethod
@@ -173,13 +210,16 @@ class StoredTrial:
                       measurement=Measurement.from_dict(data["measurement"]) if data["measurement"] else None,
                       timings=TrialTimings.from_dict(data["timings"]) if data["timings"] else None,
                       hardware=HardwareInfo.from_dict(data["hardware"]) if data["hardware"] else None,
-                      score=_score_from_dict(data["score"]))
+                      score=_score_from_dict(data["score"]),
+                      probes=[JudgedProbe.from_dict(p) for p in data.get("probes") or []],
+                      validation=ValidationMark.from_dict(data["validation"]) if data.get("validation") else None)
         return cls(**values)
 
     @classmethod
     def from_record(cls, study_name: str, trial_number: int, record: TrialRecord, *, state: TrialState,
                     score: Score | None, attempt: int = 1, prune_reason: str | None = None,
-                    finished_at: str | None = None) -> StoredTrial:
+                    finished_at: str | None = None, probes: list[JudgedProbe] | None = None,
+                    validation: ValidationMark | None = None) -> StoredTrial:
         """A trial that was launched, from its worker's record and the study's verdict on it."""
         failure = record.failure
         return cls(
@@ -191,5 +231,5 @@ class StoredTrial:
             estimated_max_model_len=failure.estimated_max_model_len if failure else None,
             exit_code=failure.exit_code if failure else None, timings=record.timings, hardware=record.hardware,
             vllm_version=record.vllm_version, started_at=record.started_at, finished_at=finished_at, score=score,
-            prune_reason=prune_reason,
+            prune_reason=prune_reason, probes=probes or [], validation=validation,
         )

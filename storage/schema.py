@@ -30,10 +30,14 @@ def include_name(name: str | None, type_: str, parent_names: dict) -> bool:
 
 
 class Base(DeclarativeBase):
+    """The declarative base of tuner's tables: their metadata names constraints by NAMING_CONVENTION."""
+
     metadata = MetaData(naming_convention=NAMING_CONVENTION)
 
 
 class StudyRow(Base):
+    """One study's settings (a StudySettings' `to_dict`), unique by name; its trials go when it is deleted."""
+
     __tablename__ = "tuner_studies"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -53,9 +57,12 @@ class StudyRow(Base):
     request_timeout_s: Mapped[float] = mapped_column(Float)
     startup_timeout_s: Mapped[float] = mapped_column(Float)
     extra: Mapped[dict] = mapped_column(JSON)
+    load: Mapped[dict | None] = mapped_column(JSON)  # empty for a study created before load searches: fixed
 
 
 class TraceRow(Base):
+    """A trace's summary, keyed by the sha256 of its content: stored once, however many studies replay it."""
+
     __tablename__ = "tuner_traces"
 
     sha256: Mapped[str] = mapped_column(String(64), primary_key=True)
@@ -68,6 +75,9 @@ class TraceRow(Base):
 
 
 class TrialRow(Base):
+    """One stored trial of a study (a StoredTrial's `to_dict`), one row per trial number; its requests go
+    with it."""
+
     __tablename__ = "tuner_trials"
     __table_args__ = (UniqueConstraint("study_id", "trial_number"),)
 
@@ -91,9 +101,13 @@ class TrialRow(Base):
     finished_at: Mapped[str | None] = mapped_column(String(64))
     score: Mapped[dict] = mapped_column(JSON)
     prune_reason: Mapped[str | None] = mapped_column(Text)
+    probes: Mapped[list | None] = mapped_column(JSON)  # each probe judged, the first at the reference load
+    validation: Mapped[dict | None] = mapped_column(JSON)  # a validation launch's mark; empty for a search trial
 
 
 class RequestRow(Base):
+    """One replayed request of a trial (a RequestRecord's `to_dict`); times in seconds, None where unmeasured."""
+
     __tablename__ = "tuner_requests"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -113,6 +127,7 @@ class RequestRow(Base):
     itl_max_s: Mapped[float | None] = mapped_column(Float)
     status_code: Mapped[int | None] = mapped_column(Integer)
     error: Mapped[str | None] = mapped_column(Text)
+    queue_s: Mapped[float | None] = mapped_column(Float)  # the server's own figure; none for older trials
 
 
 class ScheduleRunRow(Base):

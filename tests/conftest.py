@@ -29,6 +29,8 @@ AZURE_CONV = TRACES / "azure_conv_2023.csv"
 # infeasible for being slow, however loaded the machine. The completion limit stays.
 NO_LATENCY_LIMITS = {"ttft_p95_s": None, "e2e_p95_s": None}
 NO_LATENCY_LIMIT_ARGS = ("--limit", "ttft_p95_s=none", "--limit", "e2e_p95_s=none")
+# For tests about anything but the load search: one replay per trial at the reference load, as before probes.
+FIXED_LOAD = ("--load", "fixed")
 
 
 # Every process this test process starts carries this mark in its environment (vLLM, Ray's workers and services
@@ -81,11 +83,13 @@ class DescendantWatch(threading.Thread):
             except psutil.Error:
                 break
             for proc in below:
-                if proc.pid not in self.seen:
-                    try:
-                        self.seen[proc.pid] = (proc, " ".join(proc.cmdline())[:200] or proc.name())
-                    except psutil.Error:
-                        continue
+                # Read again on every pass: a process caught between fork and exec still shows its parent's
+                # command line (on a busy machine, Ray's gcs_server and raylet often are).
+                try:
+                    command = " ".join(proc.cmdline())[:200] or proc.name()
+                except psutil.Error:
+                    continue
+                self.seen[proc.pid] = (self.seen[proc.pid][0] if proc.pid in self.seen else proc, command)
             self._done.wait(self.interval_s)
 
     def stop(self) -> None:
@@ -178,9 +182,10 @@ def signal_when_ready(proc: subprocess.Popen, ready, sig: int, timeout_s: float 
             proc.kill()
 
 
-def run_tuner(*args: str) -> subprocess.CompletedProcess:
-    """The `tuner` command line as a user runs it; a non-zero exit fails the test with its stderr."""
-    result = subprocess.run([sys.executable, "-m", "tuner", *args], capture_output=True, text=True, timeout=900)
+def run_tuner(*args: str, timeout_s: float = 900) -> subprocess.CompletedProcess:
+    """The `tuner` command line as a user runs it; a non-zero exit fails the test with its stderr. `timeout_s` is a
+    guard against a hung command, never a speed test: commands of many launches give it room for a slow machine."""
+    result = subprocess.run([sys.executable, "-m", "tuner", *args], capture_output=True, text=True, timeout=timeout_s)
     assert result.returncode == 0, result.stderr[-3000:]
     return result
 

@@ -9,13 +9,16 @@ from typing import Any
 
 import yaml
 
+from tuner.capacity import JudgedProbe, Verdict
 from tuner.hardware import HardwareInfo
 from tuner.kv_budget import ModelMemory
 from tuner.storage import StudyModel, StudySettings
 from tuner.traces.selection import TraceSelection
 from tuner.workers.engine_config import EngineConfig
 from tuner.workers.failures import classify_failure
-from tuner.workers.measure import Measurement, Percentiles, TrialRecord, TrialTimings, measure
+from tuner.workers.measure import Measurement, Percentiles, TrialTimings, measure
+from tuner.workers.probes import Probe
+from tuner.workers.trial import TrialRecord
 from tuner.workers.replay import Outcome, ReplayResult, RequestRecord
 
 # --- inputs of the real runs ------------------------------------------------------------------------------
@@ -37,16 +40,21 @@ def azure_slice(requests: int) -> list[str]:
     return ["--window", "300:400", "--max-requests", str(requests), "--rate-scale", "100", "--fit", "clip"]
 
 
+# The first 8 requests of the Azure conversation trace, arriving together (rate x100): short answers (16 to 142
+# output tokens, 550 in all), for studies whose trials need only to be served, not to fill a KV cache.
+SHORT_SLICE = ["--max-requests", "8", "--rate-scale", "100", "--fit", "clip"]
+
+
 def create_small_study(root: Path, name: str, storage: str, model: Path) -> list[str]:
-    """`tuner study create` of a small study (8 requests, max_num_seqs 2 to 16, no latency limit, so nothing is
-    pruned however loaded the machine), its artifacts in root/artifacts; returns the --storage and --artifacts
-    arguments of its other commands."""
-    from conftest import AZURE_CONV, NO_LATENCY_LIMIT_ARGS, run_tuner
+    """`tuner study create` of a small study (SHORT_SLICE's 8 requests, max_num_seqs 2 to 16, no latency limit, so
+    nothing is pruned however loaded the machine), its artifacts in root/artifacts; returns the --storage and
+    --artifacts arguments of its other commands."""
+    from conftest import AZURE_CONV, FIXED_LOAD, NO_LATENCY_LIMIT_ARGS, run_tuner
 
     (root / "space.yaml").write_text(tiny_space("small", {"max_num_seqs": {"type": "int", "low": 2, "high": 16}}))
     common = ["--storage", storage, "--artifacts", str(root / "artifacts")]
-    run_tuner("study", "create", name, "--model", str(model), "--trace", str(AZURE_CONV), *azure_slice(8),
-              "--space", str(root / "space.yaml"), *NO_LATENCY_LIMIT_ARGS, *common)
+    run_tuner("study", "create", name, "--model", str(model), "--trace", str(AZURE_CONV), *SHORT_SLICE,
+              "--space", str(root / "space.yaml"), *NO_LATENCY_LIMIT_ARGS, *FIXED_LOAD, *common)
     return common
 
 
@@ -80,10 +88,27 @@ def measurement(**changes: Any) -> Measurement:
     return replace(m, **changes)
 
 
+def probe_ladder(steps: list[tuple[float, str, float, float]], reference_rps: float = 1.6,
+                 **probe: Any) -> list[JudgedProbe]:
+    """A trial's judged probes in the order they ran, one per step (factor against the reference load, verdict
+    "pass", "fail" or "inconclusive", p95 TTFT s, p95 end-to-end s), each measured as `measurement()` with that
+    offered load (`reference_rps` times the factor) and those p95s; one reason for each probe that did not pass.
+    `probe` sets the same field of every probe (`stop_reason=...`)."""
+    ladder = []
+    for index, (factor, verdict, ttft, e2e) in enumerate(steps):
+        m = measurement(offered_rps=reference_rps * factor, ttft_s=Percentiles(ttft / 2, ttft, ttft * 1.2),
+                        e2e_s=Percentiles(e2e / 2, e2e, e2e * 1.2))
+        ladder.append(JudgedProbe(Probe(index, factor, 1000 + index, 100, m, **probe), Verdict(verdict),
+                                  [] if verdict == "pass" else [f"probe at x{factor:g}: over a limit"]))
+    return ladder
+
+
 def request_records(count: int) -> list[RequestRecord]:
-    """A replay's records: `count - 1` requests served, a quarter second apart, and a last one never sent."""
+    """A replay's records: `count - 1` requests served, a quarter second apart (each with the queue time the
+    server reported), and a last one never sent."""
     records = [RequestRecord(i, 0.25 * i, 0.25 * i + 0.001, 16, 100 + i, 16, Outcome.OK, ttft_s=0.05, e2e_s=0.4,
-                             itl_mean_s=0.02, itl_p95_s=0.03, itl_max_s=0.06, status_code=200)
+                             itl_mean_s=0.02, itl_p95_s=0.03, itl_max_s=0.06, status_code=200,
+                             queue_s=0.004 + 0.001 * i)
                for i in range(count - 1)]
     records.append(RequestRecord(count - 1, 0.25 * count, None, 16, 80, 0, Outcome.NOT_SENT,
                                  error="the engine was gone before this request was due"))

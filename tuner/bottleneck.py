@@ -24,15 +24,11 @@ from optuna.samplers import BaseSampler
 from optuna.study import Study
 from optuna.trial import FrozenTrial, TrialState
 
+from tuner.diagnosis import Figures, Signs
 from tuner.workers.measure import Measurement
 
 # The settings that size the KV cache, whichever of them a space searches.
 KV_SETTINGS = ("gpu_memory_utilization", "kv_cache_memory_bytes", "num_gpu_blocks_override")
-KV_FULL = 0.95  # KV-cache usage from which the cache counts as short even without a preemption
-# vLLM's p95 queue time from which waiting requests count as a queue. On the H200 a few requests waiting for a
-# moment (p95 0.29 s, the histogram's first bucket) sent the sampler after ever more batched tokens while
-# throughput fell; a queue that held the search back was 1.2 s.
-QUEUE_NOTICED_S = 0.5
 INCUMBENTS = 3  # how many of the best trials are diagnosed before handing over to TPE
 RELIEF_ATTR = "bottleneck_relief"  # user attribute of a trial this sampler proposed: which move, from which trial
 
@@ -47,25 +43,16 @@ def measurement_attrs(m: Measurement) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
-class Diagnosis:
-    """What held one measured configuration back, from vLLM's own figures."""
-
-    kv_short: bool  # preemptions, or the KV cache (nearly) full
-    seqs_capped: bool  # requests waited while every sequence slot was taken
-    prefill_slow: bool  # requests waited with slots free, or first tokens came later than the boundary allows
+class Diagnosis(Signs):
+    """What held one measured configuration back, from vLLM's own figures: the signs of `tuner.diagnosis`, read from
+    a trial's user attributes."""
 
     @classmethod
     def of(cls, trial: FrozenTrial) -> Diagnosis:
-        a = trial.user_attrs
-        kv_short = (a.get("preemptions") or 0) > 0 or (a.get("kv_usage_peak") or 0.0) >= KV_FULL
-        # A queue users notice: requests waited, and (where vLLM's histogram says) for long enough to matter.
-        queue_p95 = a.get("queue_p95_s")
-        waited = (a.get("waiting_peak") or 0.0) > 0 and (queue_p95 is None or queue_p95 >= QUEUE_NOTICED_S)
-        cap = trial.params.get("max_num_seqs")
-        at_cap = cap is not None and (a.get("running_peak") or 0.0) >= cap
+        """The diagnosis of one measured Optuna trial, from the figures in its user attributes (a figure it lacks shows
+        no sign) and the sequence cap it searched (a cap it did not search counts as never reached)."""
         ttft_over = trial.constraints.get("ttft_p95_s", 0.0) > 0 if trial.state == TrialState.COMPLETE else False
-        return cls(kv_short=kv_short, seqs_capped=waited and at_cap and not kv_short,
-                   prefill_slow=(waited and not at_cap and not kv_short) or ttft_over)
+        return cls.read(Figures.from_attrs(trial.user_attrs), trial.params.get("max_num_seqs"), ttft_over)
 
     def settings(self) -> tuple[str, ...]:
         """The settings to raise: the KV budget first of all (more sequences would only preempt more)."""
@@ -115,6 +102,8 @@ def _rank(trials: Sequence[FrozenTrial]) -> list[FrozenTrial]:
 
 @dataclass(frozen=True)
 class ReliefMove:
+    """The next configuration to try, and why: a best trial's parameters with its bottleneck's settings raised."""
+
     params: dict[str, Any]  # the next trial's parameters
     note: str  # why, for people: "trial 3: raise gpu_memory_utilization 0.45 -> 0.7"
 
@@ -145,12 +134,16 @@ class BottleneckSampler(BaseSampler):
         self._base = base
 
     def infer_relative_search_space(self, study: Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
+        """Optuna's BaseSampler.infer_relative_search_space: the distributions of the latest measured (complete or
+        pruned) trial with parameters; empty before there is one."""
         measured = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
                     if t.params]
         return dict(measured[-1].distributions) if measured else {}
 
     def sample_relative(self, study: Study, trial: FrozenTrial,
                         search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
+        """Optuna's BaseSampler.sample_relative: the relief move of the best trials so far (noted in the trial's
+        RELIEF_ATTR user attribute) when there is one, else what the base sampler proposes over its own search space."""
         if search_space:
             move = relief_move(study.get_trials(deepcopy=False), search_space)
             if move is not None:
@@ -162,13 +155,17 @@ class BottleneckSampler(BaseSampler):
 
     def sample_independent(self, study: Study, trial: FrozenTrial, param_name: str,
                            param_distribution: BaseDistribution) -> Any:
+        """Optuna's BaseSampler.sample_independent: left to the base sampler."""
         return self._base.sample_independent(study, trial, param_name, param_distribution)
 
     def before_trial(self, study: Study, trial: FrozenTrial) -> None:
+        """Optuna's BaseSampler.before_trial: passed on to the base sampler."""
         self._base.before_trial(study, trial)
 
     def after_trial(self, study: Study, trial: FrozenTrial, state: TrialState, values: Sequence[float] | None) -> None:
+        """Optuna's BaseSampler.after_trial: passed on to the base sampler."""
         self._base.after_trial(study, trial, state, values)
 
     def reseed_rng(self) -> None:
+        """Optuna's BaseSampler.reseed_rng: reseeds the base sampler."""
         self._base.reseed_rng()

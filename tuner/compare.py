@@ -1,8 +1,11 @@
 """One dimension at a time: the same trace replayed at each value of one engine setting or trace dimension.
 
 `tuner compare --vary max_num_seqs=64,256` runs one real trial per value, one after another, everything else
-held equal, and says in plain words what the change did: preemptions, requests completed, p95 end-to-end
-latency, time spent in vLLM's queue. Trace dimensions are varied the same way (`rate_scale`, `output_scale`,
+held equal, and says in plain words what the change did. By default each trial searches its capacity (the
+highest load that passes the boundary, tuner.capacity) and the verdict compares capacities: which value carries
+more, or about the same when the two are within the search's precision. At a fixed load (`--load fixed`: one
+replay per value) it says what the change did to preemptions, requests completed, p95 end-to-end latency and
+time spent in vLLM's queue. Trace dimensions are varied the same way (`rate_scale`, `output_scale`,
 `input_scale`): each multiplies the trace as selected.
 """
 
@@ -15,8 +18,10 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from tuner.capacity import JudgedProbe, LoadPolicy, capacity_of
+from tuner.describe import capacity_line
 from tuner.errors import TunerError
-from tuner.scoring import Boundary, Score, score
+from tuner.scoring import Boundary, Capacity, Score, score
 from tuner.traces.records import PREFIX_BLOCK_TOKENS, Trace, Transformation
 from tuner.traces.selection import TraceSelection, fit_trace, load_trace
 from tuner.traces.transforms import scale_rate
@@ -51,6 +56,7 @@ class Variation:
     labels: tuple[str, ...]  # as the user wrote them
 
     def label(self, i: int) -> str:
+        """The i-th value as the user wrote it, e.g. `max_num_seqs=16`."""
         return f"{self.name}={self.labels[i]}"
 
 
@@ -143,22 +149,31 @@ class CompareRun:
     score: Score | None = None
     record: Any = None  # the trial's TrialRecord, when it was run
     out_dir: Path | None = None
+    probes: tuple[JudgedProbe, ...] = ()  # each probe the trial ran, judged against the boundary
+    capacity: Capacity | None = None  # after a load search that probed; None at a fixed load
 
     @property
     def served(self) -> bool:
+        """Whether it ran without a failure class and a p95 end-to-end latency was measured."""
         return self.failure_class is None and self.measurement is not None and self.measurement.e2e_s.p95 is not None
 
 
 @dataclass
 class CompareResult:
+    """A comparison: the varied dimension, the configuration the values were applied to, one run per value in order, the
+    boundary the runs were judged against (None: not judged) and the load policy they ran under."""
+
     variation: Variation
     base_config: EngineConfig
     runs: list[CompareRun] = field(default_factory=list)
     boundary: Boundary | None = None
+    policy: LoadPolicy = field(default_factory=LoadPolicy.fixed)
 
     @property
     def verdicts(self) -> list[str]:
-        return verdicts(self.variation.name, self.runs)
+        """One sentence per pair of runs (see `verdicts`): by capacity after a load search, else by what the
+        single replay measured."""
+        return verdicts(self.variation.name, self.runs, self.policy)
 
 
 def _dir_name(label: str) -> str:
@@ -167,19 +182,28 @@ def _dir_name(label: str) -> str:
 
 def run_compare(*, model: Path, trace_path: Path, selection: TraceSelection, variation: Variation,
                 base_config: EngineConfig, out_dir: Path, boundary: Boundary | None = None,
-                format: str | None = None, startup_timeout_s: float = 600.0, request_timeout_s: float = 600.0,
-                extra_args: tuple[str, ...] = (), seed: int = 0,
+                policy: LoadPolicy | None = None, format: str | None = None, startup_timeout_s: float = 600.0,
+                request_timeout_s: float = 600.0, extra_args: tuple[str, ...] = (), seed: int = 0,
                 on_start: Callable[[int, str, int], None] | None = None,
                 on_phase: Callable[[str], None] | None = None,
                 on_request_done: Callable[[Any], None] | None = None,
                 on_run: Callable[[CompareRun], None] | None = None) -> CompareResult:
-    """One real trial per value, one after another; each engine is stopped before the next starts."""
+    """One real trial per value, one after another; each engine is stopped before the next starts. With a
+    load-search `policy` (and a boundary) each trial searches its capacity, going on below a failing reference
+    load, and each run carries its judged probes and capacity; without one, each value is replayed once."""
     from tuner.models import inspect_model
+    from tuner.workers.probes import FixedLoad, LoadPlan
     from tuner.workers.trial import TrialSpec, run_trial
 
+    policy = policy or LoadPolicy.fixed()
+    if policy.mode == "search" and boundary is None:
+        raise ValueError("a load search needs a boundary to judge its probes against")
+    load: LoadPlan = FixedLoad() if boundary is None else policy.plan(boundary, below_reference=True)
     info = inspect_model(model)
     selected = load_trace(trace_path, selection, None, format)  # fitted per value, as a study fits per trial
-    result = CompareResult(variation, base_config, boundary=boundary)
+    if boundary is not None:
+        policy.refuse_undecidable(boundary, len(selected.requests))
+    result = CompareResult(variation, base_config, boundary=boundary, policy=policy)
     # Every trace is built before the first launch: a bad value fails now, not after minutes of trials.
     plans = []
     for value in variation.values:
@@ -196,7 +220,7 @@ def run_compare(*, model: Path, trace_path: Path, selection: TraceSelection, var
         run_dir = out_dir / _dir_name(label)
         outcome = run_trial(TrialSpec(model=model, trace=trace, config=config, out_dir=run_dir,
                                       startup_timeout_s=startup_timeout_s, request_timeout_s=request_timeout_s,
-                                      extra_args=extra_args, seed=seed),
+                                      extra_args=extra_args, seed=seed, load=load),
                             on_phase=on_phase, on_request_done=on_request_done)
         record = outcome.record
         m = record.measurement
@@ -206,8 +230,16 @@ def run_compare(*, model: Path, trace_path: Path, selection: TraceSelection, var
             failure = f"{failure_class}: {record.failure.message}"
         elif m is None or m.e2e_s.p95 is None:
             failure_class, failure = "no_request_finished", "no_request_finished: no request finished"
-        scored = score(m, boundary, trace.span_s) if boundary is not None and failure is None else None
-        run = CompareRun(label, variation.values[i], m, failure, failure_class, scored, record, run_dir)
+        judged = tuple(JudgedProbe.of(probe, boundary) for probe in outcome.probes) if boundary is not None else ()
+        capacity = None
+        if policy.mode == "search" and judged:
+            # The reference load is the trace as selected, times the varied rate where the rate is what varies.
+            reference_scale = (selection.rate_scale or 1.0) * (variation.values[i] if variation.name == "rate_scale"
+                                                               else 1.0)
+            capacity = capacity_of(judged, policy, reference_scale)
+        scored = score(m, boundary, trace.span_s, capacity) if boundary is not None and failure is None else None
+        run = CompareRun(label, variation.values[i], m, failure, failure_class, scored, record, run_dir, judged,
+                         capacity)
         result.runs.append(run)
         if on_run is not None:
             on_run(run)
@@ -233,9 +265,14 @@ def _join(clauses: list[tuple[str, bool]]) -> str:
     return text
 
 
+def _head(name: str, a: CompareRun, b: CompareRun) -> str:
+    """`max_num_seqs=16 rather than 2`: how every verdict sentence begins."""
+    return f"{b.label} rather than {a.label.partition('=')[2] if a.label.startswith(name + '=') else a.label}"
+
+
 def pair_verdict(name: str, a: CompareRun, b: CompareRun) -> str:
-    """What going from `a` to `b` did, in one plain sentence."""
-    head = f"{b.label} rather than {a.label.partition('=')[2] if a.label.startswith(name + '=') else a.label}"
+    """What going from `a` to `b` did at one fixed load, in one plain sentence."""
+    head = _head(name, a, b)
     if not a.served and not b.served:
         return f"{head}: neither served ({a.label}: {a.failure}; {b.label}: {b.failure})"
     if not b.served:
@@ -277,10 +314,49 @@ def pair_verdict(name: str, a: CompareRun, b: CompareRun) -> str:
     return text + ("; " + ", ".join(tail) if tail else "")
 
 
-def verdicts(name: str, runs: list[CompareRun]) -> list[str]:
+def _no_capacity(run: CompareRun) -> str:
+    """Why a run carries no load within the boundary: how its search ended, or why it did not serve."""
+    if run.capacity is not None:
+        return run.capacity.ended
+    return run.failure or "nothing was probed"
+
+
+def capacity_verdict(name: str, a: CompareRun, b: CompareRun, precision: float) -> str:
+    """What going from `a` to `b` did to the load carried within the boundary, in one plain sentence: `b` carries
+    more or less than `a` (both capacities in req/s and against the trace's rate, and the change in percent from
+    one launch each, said to be not validated), or about the same capacity when the higher is within `precision`
+    (0.1 = 10%) of the lower, as the load search cannot tell them apart; or which of the two carries none, and
+    why."""
+    head = _head(name, a, b)
+    ca = capacity_line(a.capacity) if a.capacity is not None else None
+    cb = capacity_line(b.capacity) if b.capacity is not None else None
+    if ca is None and cb is None:
+        if a.capacity is None and b.capacity is None and not a.served and not b.served:
+            return pair_verdict(name, a, b)  # neither served: the same sentence as at a fixed load
+        return (f"{head}: neither carries any load probed within the boundary ({a.label}: {_no_capacity(a)}; "
+                f"{b.label}: {_no_capacity(b)})")
+    if ca is None:
+        return f"{head}: carries {cb} within the boundary, where {a.label} carries none ({_no_capacity(a)})"
+    if cb is None:
+        return f"{head}: carries no load probed within the boundary ({_no_capacity(b)}), where {a.label} carries {ca}"
+    assert a.capacity is not None and b.capacity is not None
+    ra, rb = a.capacity.rps, b.capacity.rps
+    assert ra is not None and rb is not None
+    if max(ra, rb) <= min(ra, rb) * (1 + precision):
+        return (f"{head}: about the same capacity, {cb} against {ca} (within the load search's {precision:.0%} "
+                f"precision)")
+    # One launch each: a change, not a validated gain (that takes `tuner study validate`'s repeats and interval).
+    return (f"{head}: carries {'more' if rb > ra else 'less'}, {cb} against {ca} ({_pct(ra, rb):+.0f}%, one launch "
+            f"each, not validated)")
+
+
+def verdicts(name: str, runs: list[CompareRun], policy: LoadPolicy | None = None) -> list[str]:
     """Each value against the next, in the order given, and the first against the last when there are more
-    than two."""
+    than two: by capacity after a load search (`capacity_verdict`), by what the one replay measured at a fixed
+    load (`pair_verdict`; also when `policy` is None)."""
     pairs = list(zip(runs, runs[1:]))
     if len(runs) > 2:
         pairs.append((runs[0], runs[-1]))
+    if policy is not None and policy.mode == "search":
+        return [capacity_verdict(name, a, b, policy.precision) for a, b in pairs]
     return [pair_verdict(name, a, b) for a, b in pairs]

@@ -21,6 +21,8 @@ def progress_bar(disable: bool) -> Progress:
 
 
 def print_json(data: object) -> None:
+    """Write `data` to stdout as indented JSON, for programs (--json); a value JSON cannot hold is written as its
+    str()."""
     sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
 
 

@@ -25,11 +25,13 @@ class HardwareInfo:
     memory_gib: float
 
     def describe(self) -> str:
+        """The machine in a few words: the GPUs' count, model and memory, or the CPU's model and cores and the RAM."""
         if self.accelerator == "cuda":
             return f"{self.gpu_count} x {self.gpu_model} ({self.gpu_memory_gib:.0f} GiB)"
         return f"CPU: {self.cpu_model}, {self.cpu_cores} cores, {self.memory_gib:.0f} GiB RAM"
 
     def to_dict(self) -> dict:
+        """Every field, JSON-ready: what `from_dict` reads back."""
         return asdict(self)
 
     @classmethod

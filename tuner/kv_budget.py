@@ -61,6 +61,7 @@ class ModelMemory:
         return _DTYPE_BYTES[self.dtype if dtype in (None, "auto") else dtype]
 
     def weight_bytes(self, dtype: str | None = None) -> int:
+        """Bytes of the weights: parameters x bytes of one value in `dtype` (None or auto: the config's)."""
         return self.parameters * self.dtype_bytes(dtype)
 
     def kv_bytes_per_token(self, dtype: str | None = None, kv_cache_dtype: str | None = None) -> int:
@@ -134,6 +135,7 @@ class DeviceMemory:
 
     @classmethod
     def of(cls, platform: str, gib: float) -> DeviceMemory:
+        """A device of `platform` ("cuda" or "cpu") with `gib` GiB of memory."""
         return cls(platform, int(gib * GiB))
 
     @classmethod
@@ -163,6 +165,8 @@ class KvEstimate:
     longest_context: int  # the longest max_model_len that fits: tokens, at most the model's positions
 
     def fit(self, context_len: int) -> Fit:
+        """Whether one request of `context_len` tokens fits in the estimated cache, its error allowed for: FITS, SHORT,
+        or NEAR when the error spans it."""
         if self.tokens * (1 - self.error) >= context_len:
             return Fit.FITS
         if self.tokens * (1 + self.error) < context_len:
@@ -170,10 +174,12 @@ class KvEstimate:
         return Fit.NEAR
 
     def describe(self) -> str:
+        """The estimate in words: tokens, the error if any, and its basis."""
         spread = f" (+/-{self.error:.0%})" if self.error else ""
         return f"{self.tokens:,} tokens{spread} from {self.basis}"
 
     def to_dict(self) -> dict:
+        """JSON-ready: tokens, bytes, basis, error and the longest context."""
         return {"tokens": self.tokens, "bytes": self.bytes, "basis": self.basis, "error": self.error,
                 "longest_context": self.longest_context}
 
@@ -187,6 +193,8 @@ class KvPrediction:
     fit: Fit
 
     def to_dict(self) -> dict:
+        """JSON-ready: the estimate's fields, the context length and the fit's value (what a trial's user attribute
+        keeps)."""
         return {**self.estimate.to_dict(), "context_len": self.context_len, "fit": self.fit.value}
 
 

@@ -13,6 +13,7 @@ def tuner_home() -> Path:
 
 
 def default_tiny_model() -> Path:
+    """Where the tiny default model is kept (under tuner_home()); the folder may not exist yet."""
     return tuner_home() / "models" / "tiny"
 
 

@@ -42,7 +42,6 @@ class BoundaryWatch:
     """Decides, from a live replay, whether its trial can still meet the boundary."""
 
     boundary: Boundary
-    trace_span_s: float
 
     def __call__(self, live: LiveReplay) -> str | None:
         """A reason to stop now, or None while the boundary can still be met."""
@@ -76,7 +75,7 @@ class BoundaryWatch:
             if _quantile_certainly_over(over, pending, len(finished) - len(counted), total, left):
                 return (f"{over + pending} requests already waited over {limit:g} s for a first token: "
                         "p95 cannot meet it")
-        makespan = b.makespan_limit_s(self.trace_span_s)
+        makespan = b.makespan_limit_s(live.span_s)
         if makespan is not None and now > makespan and len(finished) < total:
             return f"the replay is past its makespan limit of {makespan:.1f} s with requests unfinished"
         return None

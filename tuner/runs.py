@@ -4,21 +4,22 @@ Ray cluster, so a run that crashes never takes the service down and a stopped ru
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, replace
 
 from tuner.errors import NotFound
+from tuner.study.events import RunReport, TrialDone, TrialStarted, TrialSummary, logged_dict, read_event_line
 from tuner.supervisor import RunState, StudyRunChild, run_env, study_run_argv
 
 EVENTS_FILE = "events.jsonl"  # what the run writes as it goes: one JSON line per trial started or done
 
 
-@dataclass
+@dataclass(frozen=True)
 class RunRecord:
-    """One run as the service reports it."""
+    """One run as it stood when read: its state, the trials in flight and those finished, and once it has ended,
+    how and what it reported."""
 
     id: str
     study: str
@@ -28,45 +29,64 @@ class RunRecord:
     ended_at: float | None = None
     exit_code: int | None = None
     error: str | None = None
-    result: dict | None = None  # what `tuner study run --json` printed
-    in_flight: list[dict] = field(default_factory=list)  # trials started and not yet done
-    finished: list[dict] = field(default_factory=list)  # their summaries, in the order they ended
+    result: RunReport | None = None  # what `tuner study run --json` printed
+    in_flight: tuple[TrialStarted, ...] = ()  # trials started and not yet done
+    finished: tuple[TrialSummary, ...] = ()  # their summaries, in the order they ended
 
     def to_dict(self) -> dict:
-        return {**asdict(self), "progress": {"done": len(self.finished), "of": self.trials}}
+        """The run as the service answers it: every field, each trial in flight as its line of the events file holds
+        it, and `progress` as {done, of}."""
+        return {"id": self.id, "study": self.study, "trials": self.trials, "started_at": self.started_at,
+                "state": self.state.value, "ended_at": self.ended_at, "exit_code": self.exit_code,
+                "error": self.error, "result": self.result.to_dict() if self.result else None,
+                "in_flight": [logged_dict(started) for started in self.in_flight],
+                "finished": [summary.to_dict() for summary in self.finished],
+                "progress": {"done": len(self.finished), "of": self.trials}}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> RunRecord:
+        """The record `to_dict` gave (as `tuner study run --server` reads the service's answer back)."""
+        return cls(data["id"], data["study"], data["trials"], data["started_at"], RunState(data["state"]),
+                   data["ended_at"], data["exit_code"], data["error"],
+                   RunReport.from_dict(data["result"]) if data["result"] is not None else None,
+                   tuple(TrialStarted.from_dict(started) for started in data["in_flight"]),
+                   tuple(TrialSummary.from_dict(summary) for summary in data["finished"]))
 
 
 class _Run:
     def __init__(self, record: RunRecord, child: StudyRunChild):
         self.record, self.child = record, child
+        self._lock = threading.Lock()  # one refresh at a time: an older reading never replaces a newer one
 
     def refresh(self) -> RunRecord:
         """The record with what the run's events say so far, and how it ended once it has."""
-        if self.record.state is not RunState.RUNNING:
+        with self._lock:
+            if self.record.state is RunState.RUNNING:
+                self.record = self._read()
             return self.record
+
+    def _read(self) -> RunRecord:
         end = self.child.end  # taken before the events are read: when it has ended, they are all there
-        started: dict[int, dict] = {}
-        finished: list[dict] = []
+        started: dict[int, TrialStarted] = {}
+        finished: list[TrialSummary] = []
         events = self.child.folder / EVENTS_FILE
         if events.exists():
             for line in events.read_text().splitlines():
-                try:
-                    event = json.loads(line)
-                except json.JSONDecodeError:  # the line being written right now
-                    continue
-                if event["kind"] == "trial_started":
-                    started[event["number"]] = event
-                elif event["kind"] == "trial_done":
-                    started.pop(event["summary"]["number"], None)
-                    finished.append(event["summary"])
-        self.record.in_flight, self.record.finished = list(started.values()), finished
-        if end is not None:
-            self.record.exit_code, self.record.ended_at, self.record.result = end.exit_code, end.ended_at, end.result
-            if end.state is RunState.FAILED:
-                lines = [line for line in end.stderr.splitlines() if line.strip()]
-                self.record.error = lines[-1] if lines else f"exit code {end.exit_code}"
-            self.record.state = end.state  # last: a record no longer running is not refreshed again
-        return self.record
+                match read_event_line(line):
+                    case TrialStarted() as event:
+                        started[event.number] = event
+                    case TrialDone(summary=summary):
+                        started.pop(summary.number, None)
+                        finished.append(summary)
+        record = replace(self.record, in_flight=tuple(started.values()), finished=tuple(finished))
+        if end is None:
+            return record
+        error = None
+        if end.state is RunState.FAILED:
+            lines = [line for line in end.stderr.splitlines() if line.strip()]
+            error = lines[-1] if lines else f"exit code {end.exit_code}"
+        return replace(record, state=end.state, ended_at=end.ended_at, exit_code=end.exit_code, error=error,
+                       result=RunReport.from_dict(end.result) if end.result is not None else None)
 
 
 class RunBook:
@@ -79,17 +99,20 @@ class RunBook:
         self._lock = threading.Lock()
 
     def start(self, study: str, trials: int | None, *, parallel: int | None = None, timeout_s: float | None = None,
-              window_s: float | None = None, prune: bool = True) -> dict:
+              window_s: float | None = None, prune: bool = True, validate: bool = True, top: int = 1,
+              repeats: int = 2) -> RunRecord:
+        """Start `tuner study run` for `study` as a child process with these options, its events in a folder of its own;
+        the new run's record. The run goes on in the background."""
         run_id = uuid.uuid4().hex[:12]
         folder = self.runs_dir / run_id
         folder.mkdir(parents=True)
         record = RunRecord(run_id, study, trials, time.time())
         argv = study_run_argv(study, trials=trials, window_s=window_s, timeout_s=timeout_s, parallel=parallel,
-                              prune=prune, events=folder / EVENTS_FILE)
+                              prune=prune, validate=validate, top=top, repeats=repeats, events=folder / EVENTS_FILE)
         run = _Run(record, StudyRunChild.start(argv, run_env(self.plan), folder))
         with self._lock:
             self._runs[run_id] = run
-        return run.refresh().to_dict()
+        return run.refresh()
 
     def _get(self, run_id: str) -> _Run:
         with self._lock:
@@ -98,19 +121,22 @@ class RunBook:
             raise NotFound(f"no run with id {run_id}")
         return run
 
-    def get(self, run_id: str) -> dict:
-        return self._get(run_id).refresh().to_dict()
+    def get(self, run_id: str) -> RunRecord:
+        """The run's record as it stands now; NotFound for an id this book did not start."""
+        return self._get(run_id).refresh()
 
-    def list(self, study: str | None = None) -> list[dict]:
+    def list(self, study: str | None = None) -> list[RunRecord]:
+        """The records of the runs this book started, in the order started: all of them, or those of `study`."""
         with self._lock:
             runs = list(self._runs.values())
-        return [run.refresh().to_dict() for run in runs if study is None or run.record.study == study]
+        return [run.refresh() for run in runs if study is None or run.record.study == study]
 
-    def stop(self, run_id: str) -> dict:
-        """Ask the run to stop as Ctrl-C would; it is killed if it has not stopped within STOP_GRACE_S."""
+    def stop(self, run_id: str) -> RunRecord:
+        """Ask the run to stop as Ctrl-C would (it is killed if it has not stopped within STOP_GRACE_S); its record,
+        NotFound for an id this book did not start."""
         run = self._get(run_id)
         run.child.stop("asked to")
-        return run.refresh().to_dict()
+        return run.refresh()
 
     def stop_all(self) -> None:
         """Stop every run and wait for them, all within about STOP_GRACE_S (the service is going away)."""

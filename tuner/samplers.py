@@ -46,29 +46,39 @@ class SeededPerTrial(BaseSampler):
         self._current = build(seed)
 
     def before_trial(self, study: Study, trial: FrozenTrial) -> None:
+        """Optuna's BaseSampler.before_trial, called first for every new trial: rebuilds the sampler with the
+        seed `seed + trial number`, then passes the call on to it."""
         # Optuna calls this first for every new trial, before any sampling for it.
         self._current = self._build(self._seed + trial.number)
         self._current.before_trial(study, trial)
 
     def infer_relative_search_space(self, study: Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
+        """Optuna's BaseSampler.infer_relative_search_space: that of this trial's sampler."""
         return self._current.infer_relative_search_space(study, trial)
 
     def sample_relative(self, study: Study, trial: FrozenTrial,
                         search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
+        """Optuna's BaseSampler.sample_relative: what this trial's sampler proposes."""
         return self._current.sample_relative(study, trial, search_space)
 
     def sample_independent(self, study: Study, trial: FrozenTrial, param_name: str,
                            param_distribution: BaseDistribution) -> Any:
+        """Optuna's BaseSampler.sample_independent: what this trial's sampler proposes."""
         return self._current.sample_independent(study, trial, param_name, param_distribution)
 
     def after_trial(self, study: Study, trial: FrozenTrial, state: TrialState, values: Sequence[float] | None) -> None:
+        """Optuna's BaseSampler.after_trial: passed on to this trial's sampler."""
         self._current.after_trial(study, trial, state, values)
 
     def reseed_rng(self) -> None:
+        """Optuna's BaseSampler.reseed_rng: reseeds this trial's sampler (the next trial's is seeded from its number
+        again)."""
         self._current.reseed_rng()
 
 
 def make_sampler(name: str, seed: int | None) -> BaseSampler:
+    """The Optuna sampler named `name` (one of SAMPLERS); with a seed it is rebuilt for each trial from `seed + trial
+    number`, so that a study's proposals repeat. TunerError for an unknown name."""
     if name not in _BUILDERS:
         raise TunerError(f"unknown sampler {name!r}; one of: {', '.join(SAMPLERS)}")
     build = _BUILDERS[name]

@@ -35,9 +35,11 @@ from apscheduler.schedulers.base import STATE_STOPPED
 from apscheduler.triggers.cron import CronTrigger
 from sqlalchemy import insert, select, update
 
+from tuner.storage import StoredTrial, TrialState
 from tuner.storage.schema import SCHEDULE_JOBS_TABLE, ScheduleRunRow
 from tuner.describe import context_line, recommendation_context, throughput_line
 from tuner.errors import NotFound, TunerError
+from tuner.scoring import Capacity
 from tuner.study.plan import StoragePlan, load_optuna_study
 from tuner.study.recommendation import recommend
 from tuner.supervisor import RunState, StudyRunChild, run_env, study_run_argv
@@ -77,6 +79,78 @@ def due_time(trigger: CronTrigger, window_s: float, now: datetime) -> datetime:
 
 
 @dataclass(frozen=True)
+class ScheduleTrial:
+    """A trial recorded during a schedule's run, in brief, as its morning summary keeps it."""
+
+    number: int
+    state: TrialState
+    failure_class: str | None
+    completed_rps: float | None  # None: not scored
+    e2e_p95_s: float | None
+    feasible: bool | None  # whether it met the boundary; None: not scored
+    reason: str | None  # why it failed, was pruned or fell outside
+
+    @classmethod
+    def of(cls, t: StoredTrial) -> ScheduleTrial:
+        """The stored trial in brief."""
+        reason = t.failure_message or t.prune_reason or "; ".join(t.score.violations if t.score else []) or None
+        return cls(t.trial_number, t.state, t.failure_class, t.scored.completed_rps if t.scored else None,
+                   t.scored.e2e_p95_s if t.scored else None, t.score.feasible if t.score else None, reason)
+
+    def to_dict(self) -> dict:
+        """As the morning summary stores it."""
+        return {**asdict(self), "state": self.state.value}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> ScheduleTrial:
+        """The trial `to_dict` gave."""
+        return cls(**{**data, "state": TrialState(data["state"])})
+
+
+_BEST_KEYS = ("trial", "completed_rps", "e2e_p95_s", "serve_command", "validation", "capacity")  # the rest: context
+
+
+@dataclass(frozen=True)
+class ScheduleBest:
+    """A study's recommendation as a schedule's run found it: its trial, completed throughput, p95 end-to-end latency
+    and `vllm serve` command, its validation's verdict, where it was measured (`recommendation_context`: the
+    boundary, the machine, vLLM and the trace), and after a load search its capacity. Summaries written before
+    verdicts, contexts or capacities were kept have None."""
+
+    trial: int
+    completed_rps: float
+    e2e_p95_s: float
+    serve_command: str
+    validation: str | None = None  # the verdict, or "not validated"
+    context: dict | None = None  # tuner.describe.recommendation_context
+    capacity: Capacity | None = None  # None: the study measures at a fixed load
+
+    def to_dict(self) -> dict:
+        """As the morning summary stores it: the context's keys beside the best's own; what it lacks left out."""
+        own = {"trial": self.trial, "completed_rps": self.completed_rps, "e2e_p95_s": self.e2e_p95_s,
+               "serve_command": self.serve_command}
+        if self.validation is not None:
+            own["validation"] = self.validation
+        if self.capacity is not None:
+            own["capacity"] = self.capacity.to_dict()
+        return {**own, **(self.context or {})}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> ScheduleBest:
+        """The best `to_dict` gave."""
+        context = {key: value for key, value in data.items() if key not in _BEST_KEYS}
+        return cls(data["trial"], data["completed_rps"], data["e2e_p95_s"], data["serve_command"],
+                   data.get("validation"), context or None,
+                   Capacity.from_dict(data["capacity"]) if data.get("capacity") else None)
+
+    def line(self) -> str:
+        """Its trial, throughput (after a load search, its capacity) and latency in words."""
+        capacity_rps = self.capacity.rps if self.capacity else None
+        carried = throughput_line(self.completed_rps, self.e2e_p95_s, capacity_rps, searched=self.capacity is not None)
+        return f"trial {self.trial}: {carried}"
+
+
+@dataclass(frozen=True)
 class ScheduleRun:
     """One run of a schedule and what it left: the morning summary."""
 
@@ -88,24 +162,26 @@ class ScheduleRun:
     started_at: str
     window_end: str
     finished_at: str | None
-    trials: list[dict]  # each trial recorded during the run: number, state, failure_class, scores, reason
-    best: dict | None  # the study's recommendation when the run ended: trial, completed_rps, e2e_p95_s, command
-    previous_best: dict | None  # the same when the run began
+    trials: list[ScheduleTrial]  # each trial recorded during the run
+    best: ScheduleBest | None  # the study's recommendation when the run ended
+    previous_best: ScheduleBest | None  # the same when the run began
     stopped_early: str | None  # why the run ended before its trial cap (the window, a stop)
     error: str | None  # why the run could not go on, when it could not
 
     @property
     def by_state(self) -> dict[str, int]:
-        return dict(Counter(t["state"] for t in self.trials))
+        """Its trials counted by state."""
+        return dict(Counter(t.state.value for t in self.trials))
 
     @property
     def failures(self) -> dict[str, int]:
-        return dict(Counter(t["failure_class"] for t in self.trials if t["failure_class"]))
+        """Its failed trials counted by failure class."""
+        return dict(Counter(t.failure_class for t in self.trials if t.failure_class))
 
     @property
     def new_best(self) -> bool:
-        return self.best is not None and (self.previous_best is None
-                                          or self.best["trial"] != self.previous_best["trial"])
+        """Whether the run left a best trial other than the one before it (True for a first best)."""
+        return self.best is not None and (self.previous_best is None or self.best.trial != self.previous_best.trial)
 
     def lines(self) -> list[str]:
         """The morning summary in words: what ran, what failed, the best so far and whether it is new."""
@@ -121,29 +197,47 @@ class ScheduleRun:
         if self.best is None:
             lines.append("no configuration has met the boundary yet")
         elif self.new_best:
-            was = (f" (was trial {self.previous_best['trial']}: {_best_text(self.previous_best)})"
-                   if self.previous_best else " (the first)")
-            lines.append(f"new best: trial {self.best['trial']}: {_best_text(self.best)}{was}")
+            was = f" (was {self.previous_best.line()})" if self.previous_best else " (the first)"
+            lines.append(f"new best: {self.best.line()}{was}")
         else:
-            lines.append(f"best unchanged: trial {self.best['trial']}: {_best_text(self.best)}")
-        if self.best is not None and "boundary_text" in self.best:  # summaries written before it carry no context
-            lines.append(f"  {context_line(self.best)}")
+            lines.append(f"best unchanged: {self.best.line()}")
+        if self.best is not None and self.best.context is not None:
+            lines.append(f"  {context_line(self.best.context)}")
+        if self.best is not None:  # a gain only with its interval: the validation's verdict, or "not validated"
+            lines.append(f"  {self.best.validation if self.best.validation is not None else 'not validated'}")
         if self.stopped_early:
             lines.append(f"stopped early: {self.stopped_early}")
         if self.error:
             lines.append(f"error: {self.error}")
         return lines
 
+    @classmethod
+    def from_row(cls, row) -> ScheduleRun:
+        """The run a row of `tuner_schedule_runs` holds, its summary as written then (older ones lack some keys)."""
+        summary = row.summary
+        best, previous_best = summary.get("best"), summary.get("previous_best")
+        return cls(row.id, row.schedule, row.study, RunState(row.state), row.due_at, row.started_at, row.window_end,
+                   row.finished_at, [ScheduleTrial.from_dict(t) for t in summary.get("trials", [])],
+                   ScheduleBest.from_dict(best) if best else None,
+                   ScheduleBest.from_dict(previous_best) if previous_best else None, summary.get("stopped_early"),
+                   summary.get("error"))
+
     def to_dict(self) -> dict:
-        return {**asdict(self), "by_state": self.by_state, "failures": self.failures, "new_best": self.new_best}
-
-
-def _best_text(best: dict) -> str:
-    return throughput_line(best["completed_rps"], best["e2e_p95_s"])
+        """The run as JSON-ready data: every field, the trials and the bests as the summary stores them, with
+        `by_state`, `failures` and `new_best`."""
+        return {"id": self.id, "schedule": self.schedule, "study": self.study, "state": self.state.value,
+                "due_at": self.due_at, "started_at": self.started_at, "window_end": self.window_end,
+                "finished_at": self.finished_at, "trials": [t.to_dict() for t in self.trials],
+                "best": self.best.to_dict() if self.best else None,
+                "previous_best": self.previous_best.to_dict() if self.previous_best else None,
+                "stopped_early": self.stopped_early, "error": self.error, "by_state": self.by_state,
+                "failures": self.failures, "new_best": self.new_best}
 
 
 @dataclass(frozen=True)
 class Schedule:
+    """A recurring run of a study: its cron, window and trial cap, when it next fires, and how its last run went."""
+
     name: str
     study: str
     cron: str  # as given: minute hour day month weekday, in the host's local time
@@ -153,24 +247,10 @@ class Schedule:
     last_run: ScheduleRun | None
 
     def to_dict(self) -> dict:
+        """The schedule as JSON-ready data, `next_run` in ISO 8601."""
         return {"name": self.name, "study": self.study, "cron": self.cron, "window_s": self.window_s,
                 "trials": self.trials, "next_run": self.next_run.isoformat() if self.next_run else None,
                 "last_run": self.last_run.to_dict() if self.last_run else None}
-
-
-def _run_from_row(row) -> ScheduleRun:
-    summary = row.summary
-    return ScheduleRun(row.id, row.schedule, row.study, RunState(row.state), row.due_at, row.started_at,
-                       row.window_end, row.finished_at, summary.get("trials", []), summary.get("best"),
-                       summary.get("previous_best"), summary.get("stopped_early"), summary.get("error"))
-
-
-def _trial_dict(t) -> dict:
-    reason = t.failure_message or t.prune_reason or "; ".join(t.score.violations if t.score else []) or None
-    return {"number": t.trial_number, "state": t.state, "failure_class": t.failure_class,
-            "completed_rps": t.scored.completed_rps if t.scored else None,
-            "e2e_p95_s": t.scored.e2e_p95_s if t.scored else None,
-            "feasible": t.score.feasible if t.score else None, "reason": reason}
 
 
 @dataclass(frozen=True)
@@ -300,12 +380,14 @@ class ScheduleBook:
         return self.get(name)
 
     def get(self, name: str) -> Schedule:
+        """The schedule named `name`; NotFound if there is none."""
         job = self._open().get_job(name)
         if job is None:
             raise NotFound(f"no schedule named {name}")
         return self._schedule(job)
 
     def list(self) -> list[Schedule]:
+        """Every schedule, by name."""
         return sorted((self._schedule(job) for job in self._open().get_jobs()), key=lambda s: s.name)
 
     def remove(self, name: str) -> None:
@@ -329,7 +411,7 @@ class ScheduleBook:
         """The schedule's runs, the latest first (also those of a schedule since removed)."""
         query = select(RUNS).where(RUNS.c.schedule == name).order_by(RUNS.c.id.desc()).limit(limit)
         with self.repo.engine.begin() as conn:
-            return [_run_from_row(row) for row in conn.execute(query)]
+            return [ScheduleRun.from_row(row) for row in conn.execute(query)]
 
     def _schedule(self, job: Job) -> Schedule:
         args = job.kwargs
@@ -347,7 +429,7 @@ class ScheduleBook:
             conn.execute(update(RUNS).where(RUNS.c.state == RunState.RUNNING)
                          .values(state=RunState.INTERRUPTED, finished_at=self._now().isoformat(timespec="seconds")))
 
-    def _standing(self, study: str) -> tuple[set[int], dict | None]:
+    def _standing(self, study: str) -> tuple[set[int], ScheduleBest | None]:
         """The study's recorded trial numbers and its recommendation, as they stand."""
         settings = self.repo.get_study(study)
         numbers = {t.trial_number for t in self.repo.trials(study)}
@@ -355,16 +437,18 @@ class ScheduleBook:
         if rec is None:
             return numbers, None
         score = rec.trial.scored
-        return numbers, {"trial": rec.trial.trial_number, "completed_rps": score.completed_rps,
-                         "e2e_p95_s": score.e2e_p95_s, "serve_command": rec.trial.serve_command,
-                         **recommendation_context(rec, settings)}
+        return numbers, ScheduleBest(rec.trial.trial_number, score.completed_rps, score.e2e_p95_s,
+                                     rec.trial.serve_command,
+                                     rec.validation.sentence() if rec.validation else "not validated",
+                                     recommendation_context(rec, settings), score.capacity)
 
     def _run(self, name: str, study: str, cron: str, window_s: float, trials: int | None) -> None:
         started = self._now()
         due = due_time(cron_trigger(cron, self._scheduler.timezone), window_s, started)
         window_end = due + timedelta(seconds=window_s)
         before, previous_best = self._standing(study)
-        summary = {"trials": [], "best": None, "previous_best": previous_best, "stopped_early": None, "error": None}
+        summary = {"trials": [], "best": None, "previous_best": previous_best.to_dict() if previous_best else None,
+                   "stopped_early": None, "error": None}
         with self.repo.engine.begin() as conn:
             run_id = conn.execute(insert(RUNS).values(
                 schedule=name, study=study, state=RunState.RUNNING, due_at=due.isoformat(timespec="seconds"),
@@ -378,12 +462,14 @@ class ScheduleBook:
             summary["error"] = f"{exc.__class__.__name__}: {exc}"
             raise
         finally:
-            summary["best"] = self._standing(study)[1]
-            summary["trials"] = [_trial_dict(t) for t in self.repo.trials(study) if t.trial_number not in before]
+            best = self._standing(study)[1]
+            summary["best"] = best.to_dict() if best else None
+            summary["trials"] = [ScheduleTrial.of(t).to_dict() for t in self.repo.trials(study)
+                                 if t.trial_number not in before]
             with self.repo.engine.begin() as conn:
                 conn.execute(update(RUNS).where(RUNS.c.id == run_id).values(
                     state=state, finished_at=self._now().isoformat(timespec="seconds"), summary=summary))
-                run = _run_from_row(conn.execute(select(RUNS).where(RUNS.c.id == run_id)).one())
+                run = ScheduleRun.from_row(conn.execute(select(RUNS).where(RUNS.c.id == run_id)).one())
             self._emit(RunFinished(run))
 
     def _study_run(self, study: str, trials: int | None,

@@ -1,19 +1,22 @@
 """From a measurement to a score: two objectives, and the limits of a boundary as Optuna constraints.
 
-Objectives: maximize completed requests per second, minimize p95 end-to-end latency. A boundary says what
-users will put up with; a trial outside it is infeasible (constraint values > 0), so it never enters the
-Pareto front Optuna reports nor the recommendation. A trial that never served is not scored at all: it is a
-failed trial with its failure class.
+Objectives: maximize the capacity (the highest load that passes, found by tuner.capacity's load search; at a
+fixed load, the completed requests per second), minimize p95 end-to-end latency at the reference load. A
+boundary says what users will put up with; a trial outside it at the reference load is infeasible (constraint
+values > 0), so it never enters the Pareto front Optuna reports nor the recommendation. A trial that never
+served is not scored at all: it is a failed trial with its failure class.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields, replace
+from typing import Any
 
 from tuner.errors import TunerError
 from tuner.workers.measure import Measurement
 
-OBJECTIVE_NAMES = ("completed_rps", "e2e_p95_s")
+OBJECTIVE_NAMES = ("completed_rps", "e2e_p95_s")  # at a fixed load
+SEARCH_OBJECTIVE_NAMES = ("capacity_rps", "e2e_p95_s")  # with a load search
 DIRECTIONS = ("maximize", "minimize")
 
 
@@ -27,9 +30,11 @@ class Boundary:
     min_completion_ratio: float  # requests served in full / requests sent
     makespan_factor: float | None  # the replay may take at most this many times the trace's span ...
     makespan_grace_s: float  # ... plus this, so that a short slice is not held to an impossible pace
+    # p95 over requests of their mean time per output token after the first (TPOT, inter-token latency)
+    tpot_p95_s: float | None = None
 
     def __post_init__(self) -> None:
-        for name in ("ttft_p95_s", "e2e_p95_s", "makespan_factor"):
+        for name in ("ttft_p95_s", "e2e_p95_s", "makespan_factor", "tpot_p95_s"):
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise TunerError(f"boundary limit {name} must be positive, got {value}")
@@ -47,18 +52,23 @@ class Boundary:
         return replace(self, **limits)  # type: ignore[arg-type]  # each name was checked against the fields
 
     def makespan_limit_s(self, trace_span_s: float) -> float | None:
+        """The longest a replay of a trace spanning `trace_span_s` may take, in seconds; None when the boundary sets no
+        makespan limit."""
         if self.makespan_factor is None:
             return None
         return self.makespan_factor * trace_span_s + self.makespan_grace_s
 
     def to_dict(self) -> dict:
+        """JSON-ready, every field including the name: kept as the study's `boundary` user attribute and shown in
+        reports."""
         return asdict(self)
 
 
 # The documented defaults; every limit can be overridden per study (`tuner study create --limit NAME=VALUE`).
 BOUNDARIES: dict[str, Boundary] = {
     # A person waits on each answer: the first token within 2 s and the whole answer within 30 s for 95% of
-    # requests, and at most 1% of requests may fail.
+    # requests, and at most 1% of requests may fail. No limit on the time per output token unless set
+    # (`--limit tpot_p95_s=0.1` holds streaming to 10 tokens a second, faster than people read).
     "interactive": Boundary("interactive", ttft_p95_s=2.0, e2e_p95_s=30.0, min_completion_ratio=0.99,
                             makespan_factor=None, makespan_grace_s=0.0),
     # Offline work: every request must be served and the whole trace done within twice its span (plus a
@@ -69,6 +79,8 @@ BOUNDARIES: dict[str, Boundary] = {
 
 
 def boundary(name: str, limits: dict[str, float | None] | None = None) -> Boundary:
+    """The boundary named `name` (one of BOUNDARIES) with `limits` overriding its defaults; TunerError for an unknown
+    name or limit, or a value out of range."""
     if name not in BOUNDARIES:
         raise TunerError(f"unknown boundary {name!r}; one of: {', '.join(BOUNDARIES)}")
     return BOUNDARIES[name].with_limits(limits or {})
@@ -89,6 +101,27 @@ def parse_limits(items: list[str]) -> dict[str, float | None]:
 
 
 @dataclass(frozen=True)
+class Capacity:
+    """The highest offered load a configuration carried within its boundary, and how the search ended."""
+
+    rps: float | None  # the highest passing probe's offered load, req/s; None when no probe passed
+    factor: float | None  # that load against the reference load
+    rate_scale: float | None  # that load against the trace's recorded rate
+    edge_rps: float | None  # the lowest load above it that did not pass (failed or inconclusive)
+    probes: int
+    ended: str  # why the search ended, for people
+
+    def to_dict(self) -> dict[str, Any]:
+        """As stored."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Capacity:
+        """The capacity `to_dict` gave."""
+        return cls(**data)
+
+
+@dataclass(frozen=True)
 class Score:
     """How a trial that served did: its objectives, and its distance to each limit of the boundary."""
 
@@ -98,22 +131,32 @@ class Score:
     completion_ratio: float
     constraints: dict[str, float]  # each <= 0 when met: the measured figure minus its limit
     violations: list[str]  # the same, for people
+    capacity: Capacity | None = None  # found by a load search; None for a trial at a fixed load
 
     @property
     def feasible(self) -> bool:
+        """Whether the trial met every limit of its boundary."""
         return not self.violations
 
     @property
     def objectives(self) -> tuple[float, float]:
+        """What Optuna is told: the capacity (or, at a fixed load, the completed req/s) and the p95 end-to-end
+        latency at the reference load."""
+        if self.capacity is not None:
+            return self.capacity.rps or 0.0, self.e2e_p95_s
         return self.completed_rps, self.e2e_p95_s
 
     def to_dict(self) -> dict:
+        """As stored (the trial's `score` column), with `feasible` added; from_dict reads it back."""
         return {**asdict(self), "feasible": self.feasible}
 
     @classmethod
     def from_dict(cls, data: dict) -> Score:
         """The score `to_dict` gave (`feasible` is computed again, not read)."""
-        return cls(**{f.name: data[f.name] for f in fields(cls)})
+        values = {f.name: data[f.name] for f in fields(cls) if f.name in data}
+        if values.get("capacity") is not None:
+            values["capacity"] = Capacity.from_dict(values["capacity"])
+        return cls(**values)
 
 
 @dataclass(frozen=True)
@@ -125,9 +168,11 @@ class Rejection:
 
     @property
     def feasible(self) -> bool:
+        """Always False: a refused proposal never meets the boundary."""
         return False
 
     def to_dict(self) -> dict:
+        """As stored (the trial's `score` column): the violations, with `feasible` False; from_dict reads it back."""
         return {"feasible": self.feasible, "violations": self.violations}
 
     @classmethod
@@ -136,14 +181,46 @@ class Rejection:
         return cls(data["violations"])
 
 
-def score(measurement: Measurement, bound: Boundary, trace_span_s: float) -> Score:
-    """Score a trial that served (measurement.e2e_s.p95 is set: at least one request finished)."""
+# The engine did not keep up when more than this share of the requests due in a replay's last two thirds (and
+# more than STEADY_SHORTFALL_MIN of them) had not finished by the window's end plus the early requests' p90
+# latency...
+STEADY_SHORTFALL_SHARE = 0.15
+STEADY_SHORTFALL_MIN = 3
+# ...or when the tail took longer to drain, beyond that latency, than the arrivals took to come.
+DRAIN_WINDOW_RATIO = 1.0
+
+
+def pace_violations(m: Measurement) -> list[str]:
+    """Why the engine did not keep up with the replay's arrivals (empty when it did, or when the measurement has
+    no pace): a queue a longer run would never drain, whatever the percentiles say."""
+    pace = m.pace
+    if pace is None or pace.window_s <= 0:
+        return []
+    reasons = []
+    allowed = max(STEADY_SHORTFALL_MIN, STEADY_SHORTFALL_SHARE * pace.steady_arrivals)
+    if pace.steady_shortfall > allowed:
+        reasons.append(f"did not keep up: of {pace.steady_arrivals} requests due in the last two thirds of the "
+                       f"{pace.window_s:.1f} s arrival window, {pace.steady_completed} finished within the early "
+                       f"requests' p90 latency ({pace.lag_s:.2f} s) of it")
+    if pace.drain_s is not None and pace.drain_s - pace.lag_s > DRAIN_WINDOW_RATIO * pace.window_s:
+        reasons.append(f"did not keep up: the last response came {pace.drain_s:.1f} s after the last arrival, "
+                       f"longer than the {pace.window_s:.1f} s the arrivals took and the early requests' p90 "
+                       f"latency ({pace.lag_s:.2f} s)")
+    return reasons
+
+
+def score(measurement: Measurement, bound: Boundary, trace_span_s: float, capacity: Capacity | None = None, *,
+          judge_pace: bool = False) -> Score:
+    """Score a trial that served (measurement.e2e_s.p95 is set: at least one request finished) by its measurement
+    at the reference load and, after a load search, its capacity. With `judge_pace`, an engine that did not keep
+    up with the arrivals breaks the boundary too (a load search judges it so; a fixed load never did)."""
     if measurement.e2e_s.p95 is None:
         raise ValueError("a trial in which no request finished has no score")
     ratio = measurement.completed / measurement.requests if measurement.requests else 0.0
     checks: list[tuple[str, float | None, float | None, str]] = [
         ("ttft_p95_s", measurement.ttft_s.p95, bound.ttft_p95_s, "s"),
         ("e2e_p95_s", measurement.e2e_s.p95, bound.e2e_p95_s, "s"),
+        ("tpot_p95_s", measurement.tpot_s.p95 if measurement.tpot_s else None, bound.tpot_p95_s, "s"),
         ("makespan_s", measurement.duration_s, bound.makespan_limit_s(trace_span_s), "s"),
     ]
     constraints: dict[str, float] = {}
@@ -157,5 +234,9 @@ def score(measurement: Measurement, bound: Boundary, trace_span_s: float) -> Sco
     constraints["completion_ratio"] = bound.min_completion_ratio - ratio
     if ratio < bound.min_completion_ratio:
         violations.append(f"completion ratio {ratio:.3f} is under the limit {bound.min_completion_ratio:.3f}")
+    if judge_pace:
+        behind = pace_violations(measurement)
+        constraints["kept_up"] = 1.0 if behind else -1.0
+        violations.extend(behind)
     return Score(measurement.completed_rps, measurement.e2e_s.p95, measurement.output_tps, ratio,
-                 constraints, violations)
+                 constraints, violations, capacity)

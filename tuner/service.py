@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Literal, Optional, Union
 
 from fastapi import Depends, FastAPI, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
@@ -21,11 +21,13 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, Field
 
 from tuner.errors import NotFound, TunerError
-from tuner.runs import RunBook
+from tuner.runs import RunBook, RunRecord
 from tuner.schedules import ScheduleBook
-from tuner.studies import (Answer, Enqueued, JsonObject, LocalStudies, NoRecommendation, Number,
-                           RecommendationAnswer, ReportAnswer, StudyCreated, StudyListing, StudyRequest, StudyStatus)
-from tuner.supervisor import STOP_GRACE_S
+from tuner.storage import TrialState, ValidationMark
+from tuner.studies import (Answer, CapacityAnswer, Enqueued, JsonObject, LocalStudies, NoRecommendation, Number,
+                           RecommendationAnswer, ReportAnswer, ScoreAnswer, StatedContext, StudyCreated, StudyListing,
+                           StudyRequest, StudyStatus)
+from tuner.supervisor import STOP_GRACE_S, RunState
 
 TOKEN_ENV = "TUNER_API_TOKEN"
 TOKEN_FILE_ENV = "TUNER_API_TOKEN_FILE"
@@ -52,6 +54,10 @@ def read_token(token_file: Path | None) -> str | None:
 
 @dataclass(frozen=True)
 class ServiceConfig:
+    """What a service process needs: the storage URL and artifact folder (None: the defaults), the API token (None: no
+    authentication) and the Ray cluster its runs join (None: a local one). The URL and the token stay out of its
+    repr."""
+
     # Out of the repr, which Ray may log: the URL's password and the token.
     storage: str | None = field(repr=False)
     artifacts: str | None
@@ -68,6 +74,10 @@ class RunRequest(BaseModel):
     window_s: Optional[float] = Field(None, gt=0, le=1e8, description="As timeout_s, and stop any trial still "
                                                                        "running at its end.")
     prune: bool = True
+    validate_: bool = Field(True, alias="validate", description="Then validate the best configurations against "
+                                                                "vLLM's default (`tuner study validate`).")
+    top: int = Field(1, ge=1, le=100, description="Configurations to validate.")
+    repeats: int = Field(2, ge=2, le=100, description="Launches of each validated configuration and of the default.")
 
 
 class ScheduleRequest(BaseModel):
@@ -82,6 +92,8 @@ class ScheduleRequest(BaseModel):
 
 
 class EnqueueRequest(BaseModel):
+    """The body of `POST /studies/{name}/enqueue`: the configuration to run next, as engine settings NAME=VALUE."""
+
     settings: list[str] = Field(min_length=1, description="Engine settings NAME=VALUE, as `tuner study enqueue --set`.")
 
 
@@ -89,29 +101,76 @@ class EnqueueRequest(BaseModel):
 
 
 class Health(Answer):
+    """The answer of `GET /healthz`: ok while the service answers."""
+
     ok: bool
 
 
 class RunProgress(Answer):
+    """How far a run is: trials finished, of its cap."""
+
     done: int
     of: Optional[int] = Field(description="The run's trial cap; None: as many as fit in its window.")
 
 
+class TrialSummaryAnswer(Answer):
+    """What a study run says about one trial as it ends (`tuner.study.events.TrialSummary`): its number, how it ended,
+    whether it ran vLLM's default, its engine settings, its score when it served, its failure class, why it failed,
+    was pruned or refused, and for a validation launch its mark."""
+
+    number: int
+    state: TrialState = Field(description="Any state but interrupted.")
+    baseline: bool
+    config: JsonObject
+    score: Optional[ScoreAnswer]
+    failure_class: Optional[str]
+    reason: Optional[str]
+    validation: Optional[ValidationMark] = Field(description="None for a search trial.")  # the record itself
+
+
+class RunReportAnswer(Answer):
+    """What a study run did (`tuner.study.events.RunReport`, what `tuner study run --json` prints): every trial it
+    ended, validation launches included, why it stopped before its budget if it did, and its validation's verdict
+    (None: not asked for)."""
+
+    trials: list[TrialSummaryAnswer]
+    stopped_early: Optional[str]
+    validation: Optional[str]
+
+
+class TrialInFlight(Answer):
+    """A trial a run started and has not ended (`tuner.study.events.TrialStarted`), as the run's events file holds
+    it: its number, whether it runs vLLM's default, its engine settings, its slot and when it started."""
+
+    kind: Literal["trial_started"] = Field(description="The event that started it.")
+    number: int
+    baseline: bool
+    config: JsonObject
+    slot: int
+    at: Number = Field(description="When it started, in seconds since the epoch.")
+
+
 class RunAnswer(Answer):
-    """One run as the service reports it: its state, the trials in flight and those finished."""
+    """One run as the service reports it (`tuner.runs.RunRecord`): its state, the trials in flight and those
+    finished, and once it has ended what it reported."""
 
     id: str
     study: str
     trials: Optional[int]
     started_at: Number
-    state: str = Field(description="running, finished, failed or stopped.")
+    state: RunState = Field(description="running, then finished, failed or stopped.")
     ended_at: Optional[Number]
     exit_code: Optional[int]
     error: Optional[str]
-    result: Optional[JsonObject] = Field(description="What `tuner study run --json` printed.")
-    in_flight: list[JsonObject]
-    finished: list[JsonObject]
+    result: Optional[RunReportAnswer] = Field(description="What `tuner study run --json` printed.")
+    in_flight: list[TrialInFlight]
+    finished: list[TrialSummaryAnswer] = Field(description="In the order they ended.")
     progress: RunProgress
+
+    @classmethod
+    def of(cls, record: RunRecord) -> RunAnswer:
+        """The run's record as the service answers it."""
+        return cls.model_validate(record.to_dict())
 
 
 class StudyWithRuns(StudyStatus):
@@ -120,20 +179,56 @@ class StudyWithRuns(StudyStatus):
     runs: list[RunAnswer]
 
 
+class ScheduleTrialAnswer(Answer):
+    """A trial recorded during a schedule's run, in brief (`tuner.schedules.ScheduleTrial`): how it ended, its failure
+    class, its completed throughput and p95 end-to-end latency when it was scored, whether it met the boundary (None:
+    not scored), and why it failed, was pruned or fell outside."""
+
+    number: int
+    state: TrialState
+    failure_class: Optional[str]
+    completed_rps: Optional[Number]
+    e2e_p95_s: Optional[Number]
+    feasible: Optional[bool]
+    reason: Optional[str]
+
+
+class ScheduleBestAnswer(Answer):
+    """A study's recommendation as a schedule's run found it (`tuner.schedules.ScheduleBest`): its trial, completed
+    throughput, p95 end-to-end latency and `vllm serve` command, and its validation's verdict ("not validated" when
+    none)."""
+
+    trial: int
+    completed_rps: Number
+    e2e_p95_s: Number
+    serve_command: str
+    # Absent from summaries written before validations; the schedule answers leave out what was not given.
+    validation: Optional[str] = None
+    capacity: Optional[CapacityAnswer] = None  # after a load search; absent from older summaries
+
+
+# The best as summaries have carried it since its context was added; before that, ScheduleBestAnswer alone.
+# Pydantic orders fields from the last base to the first: the best's own keys, then where it was measured.
+class ScheduleBestInContext(StatedContext, ScheduleBestAnswer):
+    """A study's recommendation as a schedule's run found it, with its boundary, the machine, vLLM and the trace."""
+
+
 class ScheduleRunAnswer(Answer):
-    """One run of a schedule and what it left."""
+    """One run of a schedule and what it left (`tuner.schedules.ScheduleRun`)."""
 
     id: int
     schedule: str
     study: str
-    state: str
+    state: RunState
     due_at: str
     started_at: str
     window_end: str
     finished_at: Optional[str]
-    trials: list[JsonObject]
-    best: Optional[JsonObject]
-    previous_best: Optional[JsonObject]
+    trials: list[ScheduleTrialAnswer]
+    best: Optional[Union[ScheduleBestInContext, ScheduleBestAnswer]] = Field(
+        union_mode="left_to_right", description="The study's recommendation when the run ended.")
+    previous_best: Optional[Union[ScheduleBestInContext, ScheduleBestAnswer]] = Field(
+        union_mode="left_to_right", description="The same when the run began.")
     stopped_early: Optional[str]
     error: Optional[str]
     by_state: dict[str, int]
@@ -142,10 +237,15 @@ class ScheduleRunAnswer(Answer):
 
 
 class ScheduleRunWithSummary(ScheduleRunAnswer):
+    """A schedule's run with its morning summary in words."""
+
     summary: list[str] = Field(description="The morning summary, in words.")
 
 
 class ScheduleAnswer(Answer):
+    """A schedule: its name, study, cron, window and trial cap, its next run (None: the cron never fires again) and its
+    last run (None before the first)."""
+
     name: str
     study: str
     cron: str
@@ -156,6 +256,8 @@ class ScheduleAnswer(Answer):
 
 
 class Removed(Answer):
+    """What a DELETE removed: its name."""
+
     removed: str
 
 
@@ -190,11 +292,11 @@ def build_api(studies: LocalStudies, runs: RunBook, schedules: ScheduleBook, tok
     def create_study(request: StudyRequest) -> StudyCreated:
         return studies.create(request)
 
-    @api.get("/studies/{name}", tags=["studies"], dependencies=guarded)
+    @api.get("/studies/{name}", tags=["studies"], dependencies=guarded, response_model_exclude_unset=True)
     def study_status(name: str) -> StudyWithRuns:
-        return StudyWithRuns(**studies.status(name).to_dict(), runs=runs.list(name))
+        return StudyWithRuns(**studies.status(name).to_dict(), runs=[RunAnswer.of(run) for run in runs.list(name)])
 
-    @api.get("/studies/{name}/best", tags=["studies"], dependencies=guarded)
+    @api.get("/studies/{name}/best", tags=["studies"], dependencies=guarded, response_model_exclude_unset=True)
     def study_best(name: str) -> RecommendationAnswer:
         return studies.best(name)
 
@@ -202,7 +304,7 @@ def build_api(studies: LocalStudies, runs: RunBook, schedules: ScheduleBook, tok
     def study_enqueue(name: str, request: EnqueueRequest) -> Enqueued:
         return studies.enqueue(name, request.settings)
 
-    @api.get("/studies/{name}/report", tags=["studies"], dependencies=guarded)
+    @api.get("/studies/{name}/report", tags=["studies"], dependencies=guarded, response_model_exclude_unset=True)
     def study_report(name: str) -> ReportAnswer:
         return studies.report(name)
 
@@ -220,33 +322,35 @@ def build_api(studies: LocalStudies, runs: RunBook, schedules: ScheduleBook, tok
         studies.status(name)  # a clear 404 now rather than a failed run later
         if request.timeout_s is not None and request.window_s is not None:
             raise TunerError("give timeout_s or window_s, not both")
-        return runs.start(name, request.trials, parallel=request.parallel, timeout_s=request.timeout_s,
-                          window_s=request.window_s, prune=request.prune)
+        return RunAnswer.of(runs.start(name, request.trials, parallel=request.parallel, timeout_s=request.timeout_s,
+                                       window_s=request.window_s, prune=request.prune, validate=request.validate_,
+                                       top=request.top, repeats=request.repeats))
 
     @api.get("/runs", tags=["runs"], dependencies=guarded)
     def list_runs() -> list[RunAnswer]:
-        return runs.list()
+        return [RunAnswer.of(run) for run in runs.list()]
 
     @api.get("/runs/{run_id}", tags=["runs"], dependencies=guarded)
     def run_status(run_id: str) -> RunAnswer:
-        return runs.get(run_id)
+        return RunAnswer.of(runs.get(run_id))
 
     @api.post("/runs/{run_id}/stop", tags=["runs"], dependencies=guarded)
     def stop_run(run_id: str) -> RunAnswer:
-        return runs.stop(run_id)
+        return RunAnswer.of(runs.stop(run_id))
 
-    @api.get("/schedules", tags=["schedules"], dependencies=guarded)
+    @api.get("/schedules", tags=["schedules"], dependencies=guarded, response_model_exclude_unset=True)
     def list_schedules() -> list[ScheduleAnswer]:
         return [s.to_dict() for s in schedules.list()]
 
-    @api.post("/schedules", tags=["schedules"], status_code=201, dependencies=guarded)
+    @api.post("/schedules", tags=["schedules"], status_code=201, dependencies=guarded,
+              response_model_exclude_unset=True)
     def add_schedule(request: ScheduleRequest) -> ScheduleAnswer:
         from tuner.durations import parse_duration
 
         return schedules.add(request.name, study=request.study, cron=request.cron,
                              window_s=parse_duration(request.window), trials=request.trials).to_dict()
 
-    @api.get("/schedules/{name}", tags=["schedules"], dependencies=guarded)
+    @api.get("/schedules/{name}", tags=["schedules"], dependencies=guarded, response_model_exclude_unset=True)
     def show_schedule(name: str) -> ScheduleAnswer:
         return schedules.get(name).to_dict()
 
@@ -255,11 +359,11 @@ def build_api(studies: LocalStudies, runs: RunBook, schedules: ScheduleBook, tok
         schedules.remove(name)
         return {"removed": name}
 
-    @api.post("/schedules/{name}/run-now", tags=["schedules"], dependencies=guarded)
+    @api.post("/schedules/{name}/run-now", tags=["schedules"], dependencies=guarded, response_model_exclude_unset=True)
     def run_schedule_now(name: str) -> ScheduleAnswer:
         return schedules.run_now(name).to_dict()
 
-    @api.get("/schedules/{name}/runs", tags=["schedules"], dependencies=guarded)
+    @api.get("/schedules/{name}/runs", tags=["schedules"], dependencies=guarded, response_model_exclude_unset=True)
     def schedule_runs(name: str, limit: Annotated[Optional[int], Query(ge=1, le=1000)] = None
                       ) -> list[ScheduleRunWithSummary]:
         """Its runs, the latest first, each with its morning summary (`summary`, in words)."""

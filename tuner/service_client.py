@@ -9,6 +9,7 @@ from urllib.parse import quote
 import httpx
 
 from tuner.errors import NotFound, TunerError
+from tuner.runs import RunRecord
 from tuner.studies import (Enqueued, NoRecommendation, RecommendationAnswer, ReportAnswer, StudyCreated,
                            StudyListing, StudyRequest, StudyStatus)
 
@@ -22,6 +23,9 @@ class ServiceClient:
         self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout_s)
 
     def call(self, method: str, path: str, **kwargs) -> httpx.Response:
+        """Send one request to the service; its response when the status is below 400. Raises TunerError when the
+        service cannot be reached, refuses the token (401), fails (5xx) or refuses the request (any other 4xx, with the
+        service's own detail); NotFound, or NoRecommendation, for a 404."""
         try:
             response = self._http.request(method, path, **kwargs)
         except httpx.HTTPError as exc:
@@ -45,56 +49,72 @@ class ServiceClient:
         raise TunerError(detail)
 
     def json(self, method: str, path: str, **kwargs):
+        """`call`, its response body parsed from JSON."""
         return self.call(method, path, **kwargs).json()
 
 
 class RemoteStudies:
-    """`tuner.studies.Studies`, answered by the service."""
+    """`tuner.studies.Studies`, answered by the service: each method keeps the protocol's promise, and fails as
+    `ServiceClient.call` does. Runs, too: started on the service, then followed by polling."""
 
     def __init__(self, client: ServiceClient):
         self.client = client
 
     def create(self, request: StudyRequest) -> StudyCreated:
+        """`Studies.create` through `POST /studies`."""
         return StudyCreated.model_validate(self.client.json("POST", "/studies", json=request.model_dump()))
 
     def list(self) -> list[StudyListing]:
+        """`Studies.list` through `GET /studies`."""
         return [StudyListing.model_validate(row) for row in self.client.json("GET", "/studies")]
 
     def status(self, name: str) -> StudyStatus:
+        """`Studies.status` through `GET /studies/{name}`, less the service's own list of runs."""
         data = self.client.json("GET", f"/studies/{_quote(name)}")
         data.pop("runs", None)
         return StudyStatus.model_validate(data)
 
     def best(self, name: str) -> RecommendationAnswer:
+        """`Studies.best` through `GET /studies/{name}/best`."""
         return RecommendationAnswer.model_validate(self.client.json("GET", f"/studies/{_quote(name)}/best"))
 
     def enqueue(self, name: str, assignments: list[str]) -> Enqueued:
+        """`Studies.enqueue` through `POST /studies/{name}/enqueue`."""
         return Enqueued.model_validate(self.client.json("POST", f"/studies/{_quote(name)}/enqueue",
                                                         json={"settings": assignments}))
 
     def export(self, name: str, format: str, requests: bool) -> str:
+        """`Studies.export` through `GET /studies/{name}/export`."""
         return self.client.call("GET", f"/studies/{_quote(name)}/export",
                                 params={"format": format, "requests": requests}).text
 
     def report(self, name: str) -> ReportAnswer:
+        """`Studies.report` through `GET /studies/{name}/report`."""
         return ReportAnswer.model_validate(self.client.json("GET", f"/studies/{_quote(name)}/report"))
 
     def report_html(self, name: str) -> str:
+        """`Studies.report_html` through `GET /studies/{name}/report.html`."""
         return self.client.call("GET", f"/studies/{_quote(name)}/report.html").text
 
     # Runs: started on the service, followed by polling.
 
     def start_run(self, name: str, trials: int | None, parallel: int | None, timeout_s: float | None,
-                  window_s: float | None, prune: bool) -> dict:
-        return self.client.json("POST", f"/studies/{_quote(name)}/runs",
-                                json={"trials": trials, "parallel": parallel, "timeout_s": timeout_s,
-                                      "window_s": window_s, "prune": prune})
+                  window_s: float | None, prune: bool, validate: bool = True, top: int = 1,
+                  repeats: int = 2) -> RunRecord:
+        """Start `tuner study run` on the service with these options; the new run's record."""
+        return RunRecord.from_dict(self.client.json("POST", f"/studies/{_quote(name)}/runs",
+                                                    json={"trials": trials, "parallel": parallel,
+                                                          "timeout_s": timeout_s, "window_s": window_s,
+                                                          "prune": prune, "validate": validate, "top": top,
+                                                          "repeats": repeats}))
 
-    def run(self, run_id: str) -> dict:
-        return self.client.json("GET", f"/runs/{_quote(run_id)}")
+    def run(self, run_id: str) -> RunRecord:
+        """The run's record as it stands now; NotFound for an id the service does not know."""
+        return RunRecord.from_dict(self.client.json("GET", f"/runs/{_quote(run_id)}"))
 
-    def stop_run(self, run_id: str) -> dict:
-        return self.client.json("POST", f"/runs/{_quote(run_id)}/stop")
+    def stop_run(self, run_id: str) -> RunRecord:
+        """Ask the service to stop the run as Ctrl-C would; its record. NotFound for an unknown id."""
+        return RunRecord.from_dict(self.client.json("POST", f"/runs/{_quote(run_id)}/stop"))
 
 
 def _quote(segment: str) -> str:
@@ -102,6 +122,8 @@ def _quote(segment: str) -> str:
 
 
 def remote_studies(server: str, token_file: Path | None) -> RemoteStudies:
+    """The study answers of the service at `server`, sent with the API token that `tuner.service.read_token` finds (the
+    file, else TUNER_API_TOKEN); TunerError if a token file cannot be read or is empty."""
     from tuner.service import read_token
 
     return RemoteStudies(ServiceClient(server, read_token(token_file)))

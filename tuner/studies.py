@@ -8,12 +8,16 @@ import csv
 import io
 import json
 from pathlib import Path
-from typing import Any, Optional, Protocol
+from typing import TYPE_CHECKING, Annotated, Any, Optional, Protocol, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tuner.describe import recommendation_context, recommendation_dict
+from tuner.describe import baseline_dict, recommendation_context, recommendation_dict
 from tuner.errors import TunerError
+from tuner.kv_budget import ModelMemory
+
+if TYPE_CHECKING:
+    from tuner.storage import ValidationMark
 
 
 class NoRecommendation(TunerError):
@@ -40,15 +44,27 @@ class StudyRequest(BaseModel):
     seed: Optional[int] = None
     request_timeout_s: float = 600.0
     startup_timeout_s: float = 600.0
+    load: str = Field("search", description="search (the capacity, by load probes) or fixed (one replay at the "
+                                            "reference load).")
+    precision: float = 0.1
+    probe_budget: int = 6
+    load_range: Optional[str] = Field(None, description="MIN:MAX multiples of the reference load.")
+    probe_requests: int = 80
 
 
 # The answers' shapes, declared for the service's OpenAPI document. An answer may carry more than is declared
 # (extra="allow"); numbers are kept as given (an int stays an int in the JSON).
 Number = float | int
 JsonObject = dict[str, Any]
+# `{}`: a record that is not there (no hardware recorded, a baseline never scored), as the answers have always
+# written it.
+Empty = Annotated[JsonObject, Field(max_length=0)]
 
 
 class Answer(BaseModel):
+    """An answer of a study command or of the service: declared fields for the OpenAPI document, undeclared keys kept
+    (extra="allow"), and `to_dict` gives back exactly the keys it was given."""
+
     model_config = ConfigDict(extra="allow")
 
     def to_dict(self) -> dict:
@@ -77,16 +93,36 @@ class WarmStartAnswer(Answer):
     skipped: list[str]
 
 
+class TraceSelectionAnswer(Answer):
+    """Which part of a trace is replayed and how it is reshaped (`tuner.traces.selection.TraceSelection`); None where
+    it is not."""
+
+    window_s: Optional[tuple[Number, Number]] = Field(description="[start, end) in seconds from the first request")
+    max_requests: Optional[int]
+    rate_scale: Optional[Number]
+    fit: Optional[str] = Field(description="clip or scale to max_model_len")
+
+
+class ModelAnswer(Answer):
+    """What a study stored about its model (`tuner.storage.StudyModel`); `memory` only when its sizes were stored."""
+
+    architecture: str
+    vocab_size: int
+    max_position_embeddings: int
+    kv_bytes_per_token: int
+    memory: Optional[ModelMemory] = None  # the dataclass itself: pydantic validates and describes it
+
+
 class StudyCreated(Answer):
     """The study's settings as stored, where it is stored, and its warm start when one was asked for."""
 
     name: str
     created_at: str
     model: str
-    model_info: JsonObject
+    model_info: ModelAnswer
     trace_path: str
     trace_sha256: str
-    trace_selection: JsonObject
+    trace_selection: TraceSelectionAnswer
     boundary: str
     limits: dict[str, Optional[Number]]
     space_name: str
@@ -95,38 +131,162 @@ class StudyCreated(Answer):
     seed: Optional[int]
     request_timeout_s: Number
     startup_timeout_s: Number
-    extra: JsonObject
+    extra: Empty
     storage: str
     warm_start: Optional[WarmStartAnswer] = Field(None, description="Only when a warm start was asked for.")
 
 
-class StatedContext(Answer):
-    """What every stated recommendation carries: its boundary, the machine, vLLM and the trace."""
+class TraceAnswer(Answer):
+    """The trace a recommendation was measured on: its path, the sha256 of its bytes, and the selection replayed."""
 
-    boundary: JsonObject
+    path: str
+    sha256: str
+    selection: TraceSelectionAnswer
+
+
+class BoundaryAnswer(Answer):
+    """The limits a recommendation meets (`tuner.scoring.Boundary`); None where the boundary sets no limit."""
+
+    name: str
+    ttft_p95_s: Optional[Number]
+    e2e_p95_s: Optional[Number]
+    min_completion_ratio: Number
+    makespan_factor: Optional[Number]
+    makespan_grace_s: Number
+    tpot_p95_s: Optional[Number]
+
+
+class HardwareAnswer(Answer):
+    """The machine a trial ran on (`tuner.hardware.HardwareInfo`); the GPU fields describe the first GPU."""
+
+    accelerator: str = Field(description="cuda or cpu")
+    gpu_model: Optional[str]
+    gpu_memory_gib: Optional[Number]
+    gpu_count: int
+    cpu_model: str
+    cpu_cores: int
+    memory_gib: Number
+
+
+class StatedContext(Answer):
+    """What every stated recommendation carries: its boundary, the machine (`{}` when the trial recorded none), vLLM
+    and the trace."""
+
+    boundary: BoundaryAnswer
     boundary_text: str
-    hardware: JsonObject
+    hardware: Union[HardwareAnswer, Empty]
     measured_on: str
     vllm_version: str
-    trace: JsonObject
+    trace: TraceAnswer
 
 
-class TrialScore(Answer):
-    trial: int
+class PercentilesAnswer(Answer):
+    """p50, p95 and p99 of a figure over a replay's requests (None where no request gave it)."""
+
+    p50: Optional[Number]
+    p95: Optional[Number]
+    p99: Optional[Number]
+
+
+class MeasurementSummary(Answer):
+    """What a recommendation's replay at the reference load measured, in brief: requests completed of those sent,
+    completed req/s and output tok/s, TTFT and end-to-end percentiles, vLLM's p95 queue time, preemptions, and (since
+    load probes) the offered load."""
+
+    completed: int
+    requests: int
+    completed_rps: Number
+    output_tps: Number
+    ttft_s: PercentilesAnswer
+    e2e_s: PercentilesAnswer
+    queue_s_p95: Optional[Number]
+    preemptions: int
+    offered_rps: Optional[Number] = None
+
+
+class CapacityAnswer(Answer):
+    """What a load search found: the highest passing offered load (req/s; None when no probe passed), that load
+    against the reference load and the trace's recorded rate, the lowest load above it that did not pass, the
+    probes run, and why the search ended (`tuner.scoring.Capacity`)."""
+
+    rps: Optional[Number]
+    factor: Optional[Number]
+    rate_scale: Optional[Number]
+    edge_rps: Optional[Number]
+    probes: int
+    ended: str
+
+
+class ScoreAnswer(Answer):
+    """A trial's score as stored (`tuner.scoring.Score`): completed throughput, p95 end-to-end latency, output rate
+    and completion ratio, each limit's distance (<= 0 when met) and the violations, its capacity after a load
+    search, and whether it met the boundary."""
+
     completed_rps: Number
     e2e_p95_s: Number
     output_tps: Number
     completion_ratio: Number
     constraints: dict[str, Number]
     violations: list[str]
+    capacity: Optional[CapacityAnswer]
     feasible: bool
+
+
+class TrialScore(ScoreAnswer):
+    """A scored trial in brief: its score as stored (`ScoreAnswer`), its number and its `vllm serve` command."""
+
+    trial: int
     serve_command: str
+    capacity: Optional[CapacityAnswer] = None
 
 
-# Pydantic orders fields from the last base to the first, then the class's own: the keys come out in the order
-# the answers have always had.
+class RejectionAnswer(Answer):
+    """A proposal the search space's rules refused before launch (`tuner.scoring.Rejection`): never feasible."""
+
+    feasible: bool
+    violations: list[str]
+
+
+class LimitingResourceAnswer(Answer):
+    """What holds a configuration back at the load where it stops meeting its boundary
+    (`tuner.diagnosis.LimitingResource`): the kind of limit, that load, the figures behind it and a sentence."""
+
+    kind: str
+    at_rps: Optional[Number]
+    evidence: JsonObject
+    sentence: str
+
+
+# Pydantic orders fields from the last base to the first, then the class's own: the score, then where it was
+# measured.
 class BestSoFar(StatedContext, TrialScore):
-    """The recommendation so far, with its score."""
+    """The recommendation so far, with its score and what holds it back (`tuner.diagnosis.LimitingResource`)."""
+
+    limiting_resource: Optional[LimitingResourceAnswer] = None
+
+
+class BaselineAnswer(Answer):
+    """vLLM's default configuration as the study ran it: its trial, how it ended, its failure class if it
+    failed, and its score as stored (empty when unscored). It is what the gain sentence compares with
+    (`tuner.study.recommendation.ComparedDefault`)."""
+
+    trial: int
+    state: str
+    failure_class: Optional[str]
+    # Tried in this order: a rejection is not a score, and `{}` is neither.
+    score: Union[ScoreAnswer, RejectionAnswer, Empty] = Field(union_mode="left_to_right")
+    # What holds it back (`tuner.diagnosis.LimitingResource`), where the answer says (study status).
+    limiting_resource: Optional[LimitingResourceAnswer] = None
+
+    @property
+    def scored(self) -> Optional[ScoreAnswer]:
+        """Its score when it served and was scored; None when unscored or refused before launch."""
+        return self.score if isinstance(self.score, ScoreAnswer) else None
+
+    @property
+    def feasible(self) -> bool:
+        """Whether its score met the boundary (False when unscored)."""
+        return self.scored is not None and self.scored.feasible
 
 
 class StudyStatus(Answer):
@@ -139,62 +299,212 @@ class StudyStatus(Answer):
     running: list[int]
     waiting: list[int]
     best: Optional[BestSoFar]
+    baseline: Optional[BaselineAnswer] = None  # vLLM's default configuration, once the study ran it
+    # Of `trials`, those that were validation launches (no search trials), and the newest validation's verdict
+    # ("not validated" when none was complete).
+    validation_launches: int = 0
+    validation: str = "not validated"
 
 
 class RecommendedConfig(Answer):
+    """The configuration a study recommends: the study, the trial, its `vllm serve` command and its engine settings."""
+
     study: str
     trial: int
     serve_command: str
     engine_config: JsonObject
 
 
-class RecommendationAnswer(StatedContext, RecommendedConfig):
-    """The recommended configuration: its command, boundary, machine, vLLM, trace, and gain over vLLM's default."""
+class GainAnswer(Answer):
+    """A validated gain (`tuner.validation.GainInterval`): the ratio of carried loads, its 95% interval, the
+    repeats behind each side (the compared configuration's, the default's) and the confidence level."""
 
-    score: JsonObject
-    measurement: JsonObject
-    baseline: Optional[JsonObject]
-    gain: Optional[dict[str, Number]]
+    ratio: Number
+    low: Number
+    high: Number
+    repeats: list[int]
+    confidence: Number
+
+
+class ValidationArmAnswer(Answer):
+    """One configuration in a validation: its label, the search trial it repeats (None: vLLM's default), its
+    launches' trial numbers, what each carried and the median."""
+
+    label: str
+    of_trial: Optional[int]
+    trials: list[int]
+    values: list[Number]
+    median: Optional[Number]
+
+
+class ValidationAnswer(Answer):
+    """A validation (`tuner.validation.Validation`): its arms in launch order, the trials in the order they ran,
+    the finalist's gain over vLLM's default with its interval, whether the default stays, and the verdict."""
+
+    run: int
+    repeats: int
+    unit: str
+    complete: bool
+    against_itself: bool
+    arms: list[ValidationArmAnswer]
+    order: list[int]
+    gain: Optional[GainAnswer]
+    keep_default: bool
+    recommended: str
+    sentence: str
+
+
+class RecommendationAnswer(StatedContext, RecommendedConfig):
+    """The recommended configuration: its command, boundary, machine, vLLM, trace, and the validation that states
+    its gain over vLLM's default (`baseline` is None when the study did not run the default; `validation` is None
+    while the study was not validated, and then no gain is stated)."""
+
+    score: ScoreAnswer
+    measurement: MeasurementSummary
+    baseline: Optional[BaselineAnswer]
+    validation: Optional[ValidationAnswer]
 
 
 class Enqueued(Answer):
+    """A configuration queued to run next in the study: its engine settings as they will run."""
+
     study: str
     engine_config: JsonObject
+
+
+class TrialRowAnswer(Answer):
+    """One trial as the report lists it (`tuner.report.content.TrialRow`): its roles, failure class, settings, the
+    figures it was judged on (None when it measured nothing), whether it met the boundary (None: not scored), why
+    it failed or fell outside, what holds it back, and in a study with a load search its capacity and probes."""
+
+    trial: int
+    attempt: int
+    roles: list[str]
+    state: str
+    failure_class: Optional[str]
+    config: JsonObject
+    settings: JsonObject = Field(description="its configuration less the settings all trials share")
+    completed: Optional[int]
+    requests: Optional[int]
+    completed_rps: Optional[Number]
+    ttft_p95_s: Optional[Number]
+    e2e_p95_s: Optional[Number]
+    queue_s_mean: Optional[Number]
+    inference_s_mean: Optional[Number]
+    preemptions: Optional[int]
+    kv_tokens: Optional[int]
+    feasible: Optional[bool]
+    why: str
+    capacity: Optional[CapacityAnswer] = Field(None, description="Only in a study with a load search.")
+    probes: Optional[list[JsonObject]] = Field(None, description="Only in a study with a load search: each probe "
+                                                                 "with its verdict and reasons.")
+    limiting_resource: Optional[LimitingResourceAnswer]
+
+
+class MachineAnswer(Answer):
+    """One machine and vLLM version a study measured on, and the trials measured there
+    (`tuner.report.content.MachineGroup`)."""
+
+    hardware: str
+    vllm_version: str
+    trials: list[int]
+
+
+class SideBySideAnswer(Answer):
+    """One line of the default-beside-recommendation table, every cell as printed."""
+
+    what: str
+    default: str
+    recommended: str
+    change: str
+
+
+class ReportSummary(Answer):
+    """The report's content (`tuner.report.content.summary`): the study, its boundary, trace and machines, the
+    recommendation (None: none yet) in data and in sentences, the default beside it, and every trial."""
+
+    study: str
+    generated_at: str
+    model: str
+    boundary: BoundaryAnswer
+    boundary_text: str
+    trace: TraceAnswer
+    measured_on: list[MachineAnswer]
+    recommendation: Optional[RecommendationAnswer]
+    recommendation_text: list[str]
+    default_trial: Optional[int]
+    side_by_side: list[SideBySideAnswer]
+    common_settings: JsonObject
+    trials: list[TrialRowAnswer]
+    pareto: list[int]
+    timelines: list[int]
 
 
 class ReportAnswer(Answer):
     """The report's text parts and its summary (what `tuner study report --json` prints)."""
 
-    summary: JsonObject
+    summary: ReportSummary
     recommended: bool
     lines: list[str]
     side_by_side: list[list[str]]
     baseline_trial: Optional[int]
     recommended_trial: Optional[int]
     common_settings: JsonObject
-    trial_rows: list[JsonObject]
+    trial_rows: list[TrialRowAnswer]
 
 
 class Studies(Protocol):
     """The study commands' answers, the same whether read here or asked of a service."""
 
-    def create(self, request: StudyRequest) -> StudyCreated: ...
-    def list(self) -> list[StudyListing]: ...
-    def status(self, name: str) -> StudyStatus: ...
-    def best(self, name: str) -> RecommendationAnswer: ...
-    def enqueue(self, name: str, assignments: list[str]) -> Enqueued: ...
-    def export(self, name: str, format: str, requests: bool) -> str: ...
-    def report(self, name: str) -> ReportAnswer: ...
-    def report_html(self, name: str) -> str: ...
+    # What each promises. Those given a study's name raise NotFound when there is no such study (`create`: when
+    # the study to warm-start from does not exist); each raises TunerError, with a message a user can act on, for
+    # input it refuses.
+
+    def create(self, request: StudyRequest) -> StudyCreated:
+        """Create the study `request` describes, warm-started when it asks; its settings as stored. TunerError if
+        the name is taken or the trace, model, space or boundary is refused."""
+
+    def list(self) -> list[StudyListing]:
+        """Every study, the oldest first, with its trial and feasible counts."""
+
+    def status(self, name: str) -> StudyStatus:
+        """The study's trials by state, those running and waiting, and its best so far (None while no trial met
+        the boundary)."""
+
+    def best(self, name: str) -> RecommendationAnswer:
+        """The configuration the study recommends; NoRecommendation while no trial met its boundary."""
+
+    def enqueue(self, name: str, assignments: list[str]) -> Enqueued:
+        """Queue the configuration that the `NAME=VALUE` assignments give to run next in the study; TunerError for a
+        setting its space fixes otherwise or does not search."""
+
+    def export(self, name: str, format: str, requests: bool) -> str:
+        """The study as text in `format`: "json" (its settings, recommendation and trials; with `requests`, each
+        trial's requests too) or "csv" (one row per trial); TunerError for any other format."""
+
+    def report(self, name: str) -> ReportAnswer:
+        """The report's text parts and its summary."""
+
+    def report_html(self, name: str) -> str:
+        """The report as one self-contained HTML page (its plots included, nothing fetched)."""
 
 
 EXPORT_FORMATS = ("json", "csv")
 CSV_FIELDS = ["trial_number", "attempt", "state", "pareto", "failure_class", "completed", "requests",
-              "completed_rps", "output_tps", "ttft_p95_s", "e2e_p95_s", "preemptions", "feasible", "serve_command"]
+              "completed_rps", "output_tps", "ttft_p95_s", "e2e_p95_s", "preemptions", "feasible", "serve_command",
+              "validation"]
+
+
+def _validation_cell(mark: ValidationMark | None) -> str:
+    """A validation launch in the CSV export: `1/2/default` or `1/2/trial 3` (validation, round, what it
+    launched); empty for a search trial."""
+    if mark is None:
+        return ""
+    return f"{mark.run}/{mark.round}/{'default' if mark.default else f'trial {mark.of_trial}'}"
 
 
 class LocalStudies:
-    """Answers from the storage itself."""
+    """`Studies`, answered from the storage itself: each method keeps the protocol's promise."""
 
     def __init__(self, plan):
         self.plan = plan
@@ -206,11 +516,13 @@ class LocalStudies:
         return repo, repo.get_study(name), load_optuna_study(name, self.plan)
 
     def create(self, request: StudyRequest) -> StudyCreated:
+        """`Studies.create` on this process's storage; the storage URL it answers has its password redacted."""
         from tuner.storage.urls import redact_url
         from tuner.models import default_model
         from tuner.traces.selection import TraceSelection
         from tuner.paths import bundled_trace
         from tuner.scoring import parse_limits
+        from tuner.capacity import LoadPolicy
         from tuner.study.create import create_study, latest_trace
         from tuner.study.warm_start import warm_start
 
@@ -225,7 +537,9 @@ class LocalStudies:
                                                   request.fit),
             space=request.space, boundary_name=request.boundary, limits=parse_limits(request.limits),
             plan=self.plan, sampler=request.sampler, seed=request.seed,
-            request_timeout_s=request.request_timeout_s, startup_timeout_s=request.startup_timeout_s)
+            request_timeout_s=request.request_timeout_s, startup_timeout_s=request.startup_timeout_s,
+            load=LoadPolicy.from_options(request.load, request.precision, request.probe_budget, request.load_range,
+                                         request.probe_requests))
         created = {**settings.to_dict(), "storage": redact_url(self.plan.url)}
         if request.warm_from is not None or request.trace_latest is not None:
             carried = warm_start(request.name, self.plan, request.warm_from)
@@ -233,6 +547,7 @@ class LocalStudies:
         return StudyCreated.model_validate(created)
 
     def list(self) -> list[StudyListing]:
+        """`Studies.list` from this process's storage."""
         repo = self.plan.repository()
         rows = []
         for s in repo.list_studies():
@@ -243,26 +558,42 @@ class LocalStudies:
         return rows
 
     def status(self, name: str) -> StudyStatus:
+        """`Studies.status` from this process's storage."""
         from optuna.trial import TrialState
 
-        from tuner.study.recommendation import recommend
+        from tuner.describe import trial_limit
+        from tuner.scoring import boundary
+        from tuner.storage import StoredTrial
+        from tuner.study.recommendation import find_baseline, recommend
 
         repo, settings, study = self._open(name)
         stored = repo.trials(name)
+        base = find_baseline(stored, study)
         states: dict[str, int] = {}
         for t in stored:
             states[t.state] = states.get(t.state, 0) + 1
         running = [t.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))]
         waiting = [t.number for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,))]
         rec = recommend(repo, settings, study)
+        bound = boundary(settings.boundary, settings.limits)
+
+        def held_by(t: StoredTrial) -> dict[str, Any] | None:
+            found = trial_limit(t, bound)
+            return found.to_dict() if found else None
+
         return StudyStatus.model_validate({
             "name": name, "boundary": settings.boundary, "trials": len(stored), "by_state": states,
             "running": running, "waiting": waiting,
             "best": {"trial": rec.trial.trial_number, **rec.trial.scored.to_dict(),
-                     "serve_command": rec.trial.serve_command, **recommendation_context(rec, settings)}
-            if rec else None})
+                     "serve_command": rec.trial.serve_command, **recommendation_context(rec, settings),
+                     "limiting_resource": held_by(rec.trial)}
+            if rec else None,
+            "baseline": {**baseline_dict(base), "limiting_resource": held_by(base)} if base else None,
+            "validation_launches": sum(t.validation is not None for t in stored),
+            "validation": rec.validation.sentence() if rec and rec.validation else "not validated"})
 
     def best(self, name: str) -> RecommendationAnswer:
+        """`Studies.best` from this process's storage."""
         from tuner.study.recommendation import recommend
 
         repo, settings, study = self._open(name)
@@ -272,6 +603,7 @@ class LocalStudies:
         return RecommendationAnswer.model_validate(recommendation_dict(rec, settings))
 
     def enqueue(self, name: str, assignments: list[str]) -> Enqueued:
+        """`Studies.enqueue` into this process's storage."""
         from tuner.study.create import enqueue_config
         from tuner.workers.engine_config import EngineConfig
 
@@ -280,6 +612,7 @@ class LocalStudies:
         return Enqueued(study=name, engine_config=config.to_dict())
 
     def export(self, name: str, format: str, requests: bool) -> str:
+        """`Studies.export` from this process's storage."""
         from tuner.study.recommendation import recommend
 
         if format not in EXPORT_FORMATS:
@@ -308,7 +641,8 @@ class LocalStudies:
                         "preemptions": m.preemptions} if m else {}
             writer.writerow({"trial_number": t.trial_number, "attempt": t.attempt, "state": t.state.value,
                              "pareto": t.trial_number in pareto, "failure_class": t.failure_class, **measured,
-                             "feasible": t.score.feasible if t.score else None, "serve_command": t.serve_command})
+                             "feasible": t.score.feasible if t.score else None, "serve_command": t.serve_command,
+                             "validation": _validation_cell(t.validation)})
         return buffer.getvalue()
 
     def report(self, name: str) -> ReportAnswer:
@@ -326,6 +660,7 @@ class LocalStudies:
                             trial_rows=[row.to_dict() for row in trial_rows(data)])
 
     def report_html(self, name: str) -> str:
+        """`Studies.report_html` from this process's storage and artifacts."""
         from tuner.report import collect_report, render_html
 
         return render_html(collect_report(name, self.plan))

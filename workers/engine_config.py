@@ -28,6 +28,9 @@ def _shown(value: int | float) -> int | float | str:
 
 @dataclass(frozen=True)
 class EngineConfig:
+    """The vLLM settings of one trial, each checked on creation (TunerError for a value vLLM would refuse); a field left
+    None is not passed and keeps vLLM's default."""
+
     max_num_seqs: int | None = None
     gpu_memory_utilization: float | None = None
     max_model_len: int | None = None
@@ -82,10 +85,13 @@ class EngineConfig:
         return shlex.join(["vllm", "serve", model, *self.cli_args(), *(extra or [])])
 
     def merged(self, **changes: Any) -> EngineConfig:
+        """This configuration with `changes` applied, checked again (TunerError for an unknown name or a bad value)."""
         return replace(self, **changes)
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> EngineConfig:
+        """The configuration from setting names and values, as `to_dict` gives, a search space proposes or YAML holds,
+        each value coerced to its field's type; TunerError for an unknown setting or a bad value."""
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:

@@ -65,6 +65,9 @@ def _inner(argv: list[str]) -> int:
 
 
 def main() -> int:
+    """The guard's entry point (argv: the server's command line): runs it under the two guards and returns its exit
+    status (128 + N for signal N; 128 + SIGTERM when told to stop), or 1 if the launcher died before the guard was
+    armed."""
     parent = os.getppid()
     die_with_parent(signal.SIGTERM)
     if os.getppid() != parent:  # the parent died before the signal was armed

@@ -8,6 +8,8 @@ from enum import Enum
 
 
 class FailureClass(str, Enum):
+    """Why an engine failed; a str, stored as its value (the trial's failure class)."""
+
     KV_INSUFFICIENT = "kv_insufficient"  # max_model_len cannot fit in the KV budget
     LOAD_OOM = "load_oom"  # weights or the memory reservation do not fit
     INVALID_CONFIG = "invalid_config"  # vLLM rejected the settings
@@ -18,6 +20,9 @@ class FailureClass(str, Enum):
 
 @dataclass(frozen=True)
 class EngineFailure:
+    """An engine that failed to start or to keep serving: its class, a line for people, and the log lines that show
+    why."""
+
     kind: FailureClass
     message: str  # one line for people
     exit_code: int | None
@@ -25,6 +30,7 @@ class EngineFailure:
     estimated_max_model_len: int | None = None  # vLLM's own estimate, for kv_insufficient
 
     def to_dict(self) -> dict:
+        """JSON-ready, the kind as its value: the `failure` of a trial's measurement.json."""
         data = asdict(self)
         data["kind"] = self.kind.value
         return data

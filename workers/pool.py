@@ -36,6 +36,9 @@ BRING_BACK_TIMEOUT_S = 60.0
 
 @dataclass(frozen=True)
 class Slot:
+    """One place in the pool where a trial runs: its index, its GPUs (0 for a CPU slot) and, for a CPU slot, its share
+    of the machine's cores."""
+
     index: int
     gpus: int  # GPUs of the slot (tensor_parallel_size), 0 for a CPU slot
     cpu_share: tuple[int, int] | None = None  # (k, n): the k-th of n CPU slots on one machine
@@ -43,6 +46,9 @@ class Slot:
 
 @dataclass(frozen=True)
 class WorkerResult:
+    """What a worker gives back for a trial: its outcome, the slot and node it ran on, and the artifacts to store when
+    they were written off the driver's node."""
+
     outcome: TrialOutcome
     # artifact name -> contents, for the driver's own artifact store; empty when written there in place
     files: dict[str, bytes]
@@ -91,9 +97,12 @@ class TrialWorker:
         self.on_driver_node = self.node_id() == driver_node
 
     def node_id(self) -> str:
+        """The Ray node id this actor runs on."""
         return ray.get_runtime_context().get_node_id()
 
     def run(self, spec: TrialSpec) -> WorkerResult:
+        """Run `spec` on this slot (with its CPU binding) and return the outcome; off the driver's node the trial is
+        written in staging and its files come back in the result. run_trial's errors propagate."""
         out_dir = spec.out_dir if self.on_driver_node else _staging_dir(spec.out_dir)
         try:
             outcome = run_trial(replace(spec, out_dir=out_dir, env={**spec.env, **self.env}))
@@ -167,6 +176,8 @@ class WorkerPool:
             return None
 
     def submit(self, slot: int, spec: TrialSpec) -> ray.ObjectRef:
+        """Start `spec` on the slot's actor (its out_dir made absolute): a Ray reference to the WorkerResult; ray.get
+        raises WorkerLost if the actor dies meanwhile."""
         # Absolute: a worker on this node writes there, from its own working folder.
         spec = replace(spec, out_dir=spec.out_dir.absolute())
         self._out_dirs[slot] = spec.out_dir
@@ -202,6 +213,8 @@ class WorkerPool:
         self._spawn(self.slots[slot], others[0] if others else None)
 
     def kill_worker(self, slot: int) -> None:
+        """Kill the slot's actor, and with it its engine; Ray does not restart it (replace_worker gives the slot a new
+        one)."""
         ray.kill(self._actors[slot], no_restart=True)
 
     def shutdown(self) -> None:

@@ -27,6 +27,7 @@ def _running(proc: psutil.Process) -> bool:
 
 
 def group_members(pgid: int) -> list[psutil.Process]:
+    """The processes of group `pgid` still running (zombies left out); those that cannot be read are skipped."""
     members = []
     for proc in psutil.process_iter():
         with contextlib.suppress(psutil.Error, ProcessLookupError, PermissionError):

@@ -15,6 +15,9 @@ _LOWEST_ID = 10
 
 
 class PromptBuilder:
+    """Token-id prompts of a trace's exact lengths, ids below `vocab_size`: requests that share a prefix block share
+    its tokens, the rest are unique to each request; the same seed gives the same prompts."""
+
     def __init__(self, vocab_size: int, seed: int = 0):
         self._high = max(_LOWEST_ID + 1, vocab_size)
         self._seed = seed

@@ -9,10 +9,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import ssl
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 
@@ -25,6 +26,8 @@ from tuner.workers.server_metrics import SCRAPE_ERRORS, MetricsSampler, MetricsS
 
 
 class Outcome(str, Enum):
+    """How one replayed request ended; a str, stored as its value."""
+
     OK = "ok"  # streamed to the end with every requested token
     TRUNCATED = "truncated"  # finished normally but with fewer tokens than asked
     REJECTED = "rejected"  # refused as invalid with a 4xx status, e.g. longer than the server's max_model_len
@@ -37,6 +40,9 @@ class Outcome(str, Enum):
 
 @dataclass(frozen=True)
 class RequestRecord:
+    """One replayed request as the client saw it: its schedule, its token counts, how it ended and its latencies
+    (seconds; None where it never got that far)."""
+
     index: int
     scheduled_s: float  # offset from the replay's start at which it was due
     sent_s: float | None  # offset at which it actually went out
@@ -51,12 +57,18 @@ class RequestRecord:
     itl_max_s: float | None = None
     status_code: int | None = None
     error: str | None = None
+    # The server's own figure, where it reports per-request metrics (vLLM's --enable-per-request-metrics):
+    # from the request's arrival at the engine to its first scheduling.
+    queue_s: float | None = None
 
     @property
     def lateness_s(self) -> float | None:
+        """How late the request left against its schedule, in seconds; None if it was never sent."""
         return None if self.sent_s is None else self.sent_s - self.scheduled_s
 
     def to_dict(self) -> dict:
+        """As stored (a row of tuner_requests, and of the trial's requests CSV): the fields, the outcome as its
+        value."""
         data = asdict(self)
         data["outcome"] = self.outcome.value
         return data
@@ -75,6 +87,9 @@ class ReplayRequest:
 
 @dataclass
 class ReplayResult:
+    """What one replay gave: every request's record, vLLM's metrics before and after (None when they could not be read),
+    the sampled timeline, and whether the engine was lost or the replay stopped early."""
+
     records: list[RequestRecord]
     duration_s: float  # first scheduled send to last response
     metrics_before: MetricsSnapshot | None
@@ -117,10 +132,12 @@ class LiveReplay:
 
     origin: float  # perf_counter of the replay's start
     total: int  # requests in the replay
+    span_s: float = 0.0  # from the first request's scheduled offset to the last's
     finished: list[RequestRecord] = field(default_factory=list)
     in_flight: dict[int, InFlight] = field(default_factory=dict)
 
     def elapsed(self) -> float:
+        """Seconds since the replay started."""
         return time.perf_counter() - self.origin
 
 
@@ -139,12 +156,27 @@ def _refused(status: int) -> bool:
     return 400 <= status < 500 and status not in (408, 429)
 
 
+async def _sse_lines(response: httpx.Response) -> AsyncIterator[str]:
+    """The lines of an event stream, split where the SSE format splits them (CR, LF or CRLF) and nowhere else.
+    httpx's `aiter_lines` also splits at U+0085, U+2028 and U+2029, which JSON may carry raw inside a string: a
+    token the model streams would then cut its event in two."""
+    pending = b""
+    async for chunk in response.aiter_bytes():
+        pending += chunk
+        *lines, pending = pending.replace(b"\r\n", b"\n").replace(b"\r", b"\n").split(b"\n")
+        for line in lines:
+            yield line.decode("utf-8", errors="replace")
+    if pending:
+        yield pending.decode("utf-8", errors="replace")
+
+
 async def send_completion(client: httpx.AsyncClient, url: str, req: ReplayRequest, origin: float,
                           timeout_s: float, progress: InFlight | None = None) -> RequestRecord:
     """One streaming /v1/completions request, timed from the moment it goes out."""
     sent = progress.sent if progress is not None else time.perf_counter()
     token_times: list[float] = []
     usage_tokens: int | None = None
+    queue_s: float | None = None
     finished = False
     status: int | None = None
     error: str | None = None
@@ -157,7 +189,7 @@ async def send_completion(client: httpx.AsyncClient, url: str, req: ReplayReques
                     error = (await response.aread()).decode(errors="replace")[:300]
                     outcome = Outcome.REJECTED if _refused(status) else Outcome.HTTP_ERROR
                 else:
-                    async for line in response.aiter_lines():
+                    async for line in _sse_lines(response):
                         if not line.startswith("data: "):
                             continue
                         arrived = time.perf_counter()
@@ -176,6 +208,8 @@ async def send_completion(client: httpx.AsyncClient, url: str, req: ReplayReques
                             token_times.append(arrived)
                         if chunk.get("usage"):
                             usage_tokens = chunk["usage"].get("completion_tokens")
+                        if chunk.get("metrics"):  # vLLM's per-request figures, on the last (usage) chunk
+                            queue_s = _queue_s(chunk["metrics"])
                         if "error" in chunk:
                             error, outcome = payload[:300], Outcome.HTTP_ERROR
     except (TimeoutError, httpx.TimeoutException):
@@ -198,7 +232,16 @@ async def send_completion(client: httpx.AsyncClient, url: str, req: ReplayReques
         ttft_s=token_times[0] - sent if token_times else None,
         e2e_s=end - sent if outcome in (Outcome.OK, Outcome.TRUNCATED) else None,
         itl_mean_s=itl_mean, itl_p95_s=itl_p95, itl_max_s=itl_max, status_code=status, error=error,
+        queue_s=queue_s,
     )
+
+
+def _queue_s(metrics: object) -> float | None:
+    """The queue time in seconds from a chunk's `metrics` object (`queue_time_ms`); None if it has none."""
+    value = metrics.get("queue_time_ms") if isinstance(metrics, dict) else None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+        return None
+    return value / 1000
 
 
 # The event loop's timers wake up to a millisecond late (epoll's timeout is in whole milliseconds, rounded
@@ -254,7 +297,9 @@ async def replay(base_url: str, requests: list[ReplayRequest], *, timeout_s: flo
             except SCRAPE_ERRORS:  # gone between /health and here: the watcher below ends the replay
                 lost = True
         sampler = MetricsSampler(metrics_client, base_url, sample_interval_s)
-        live = LiveReplay(origin=time.perf_counter() + 0.05, total=len(requests))  # a moment to enter the loop
+        span = max((r.scheduled_s for r in requests), default=0.0) - min((r.scheduled_s for r in requests), default=0.0)
+        # The origin lies a moment ahead, to enter the loop.
+        live = LiveReplay(origin=time.perf_counter() + 0.05, total=len(requests), span_s=span)
         sampler_task = asyncio.create_task(sampler.run(live.origin)) if collect_metrics else None
         halt = asyncio.Event()
         stop_reason: str | None = None

@@ -31,6 +31,8 @@ class Histogram:
     count: float
 
     def minus(self, earlier: Histogram) -> Histogram:
+        """The observations between `earlier` and this read of the same histogram (a bucket `earlier` lacks counts as
+        0)."""
         before = dict(earlier.buckets)
         return Histogram(tuple((le, c - before.get(le, 0.0)) for le, c in self.buckets),
                          self.total - earlier.total, self.count - earlier.count)
@@ -52,22 +54,29 @@ class Histogram:
         return lower_bound
 
     def mean(self) -> float | None:
+        """The mean observed value; None when nothing was observed."""
         return self.total / self.count if self.count > 0 else None
 
 
 @dataclass(frozen=True)
 class MetricsSnapshot:
+    """One read of vLLM's /metrics: each sample and histogram summed over its label sets."""
+
     samples: dict[str, float]  # sample name -> value summed over label sets
     histograms: dict[str, Histogram]
 
     def value(self, name: str) -> float:
+        """The sample's value summed over label sets; 0 when the server did not report it."""
         return self.samples.get(name, 0.0)
 
     def histogram(self, name: str) -> Histogram:
+        """The histogram named `name` (without `_bucket`); an empty one when the server did not report it."""
         return self.histograms.get(name, Histogram((), 0.0, 0.0))
 
 
 def parse_metrics(text: str) -> MetricsSnapshot:
+    """Prometheus text exposition as a snapshot: `_bucket` samples become histograms by name, every other sample is
+    summed over its label sets."""
     samples: dict[str, float] = defaultdict(float)
     buckets: dict[str, dict[float, float]] = defaultdict(lambda: defaultdict(float))
     for family in text_string_to_metric_families(text):
@@ -97,6 +106,8 @@ async def scrape(client: httpx.AsyncClient, base_url: str, only: tuple[str, ...]
 
 @dataclass(frozen=True)
 class TimelineSample:
+    """vLLM's running and waiting requests and its KV cache usage at one moment of a replay."""
+
     t_s: float  # since the replay started
     running: float
     waiting: float
@@ -117,6 +128,8 @@ class MetricsSampler:
     samples: list[TimelineSample] = field(default_factory=list)
 
     async def run(self, started: float) -> None:
+        """Sample until cancelled, every `interval_s`, times taken against `started` (perf_counter); a failed read
+        leaves a gap and never raises."""
         while True:
             try:
                 snap = await scrape(self.client, self.base_url, _TIMELINE_PREFIXES)

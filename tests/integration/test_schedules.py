@@ -21,7 +21,7 @@ from pathlib import Path
 import optuna
 import pytest
 from apscheduler.triggers.cron import CronTrigger
-from conftest import AZURE_CONV, NO_LATENCY_LIMIT_ARGS, signal_when_ready, vllm_processes
+from conftest import AZURE_CONV, FIXED_LOAD, NO_LATENCY_LIMIT_ARGS, signal_when_ready, vllm_processes
 from conftest import run_tuner as tuner
 
 from tuner.storage import Repository
@@ -33,14 +33,15 @@ from tuner.study.create import create_study, enqueue_config
 from tuner.study.events import NO_TIME_LEFT, WINDOW_END
 from tuner.study.plan import StoragePlan, load_optuna_study
 from tuner.study.recommendation import best_trials
+from tuner.capacity import LoadPolicy
 from tuner.traces.selection import TraceSelection
 from tuner.workers.engine_config import EngineConfig
 from factories import azure_slice, tiny_space
 
 SPACE = tiny_space("test-schedules", {"max_num_seqs": {"type": "int", "low": 2, "high": 16},
                                      "num_gpu_blocks_override": {"type": "int", "low": 16, "high": 96}})
-SLICE = azure_slice(16)
-# Room for all 16 requests at once: feasible (no latency limit), so the warm start has it to carry over.
+SLICE = azure_slice(8)
+# Room for all 8 requests at once: feasible (no latency limit), so the warm start has it to carry over.
 ROOMY = EngineConfig(max_num_seqs=16, num_gpu_blocks_override=96)
 
 
@@ -87,11 +88,11 @@ def lab(tiny_model, tmp_path_factory):
     storage = f"sqlite:///{root / 'tuner.db'}"
     common = ["--storage", storage, "--artifacts", str(root / "artifacts")]
     study_args = ["--model", str(tiny_model), "--space", str(root / "space.yaml"), *SLICE, *NO_LATENCY_LIMIT_ARGS,
-                  *common]
+                  *FIXED_LOAD, *common]
     tuner("study", "create", "s", "--trace", str(traces / "day1.csv"), *study_args)
     plan = StoragePlan.resolve(storage, root / "artifacts")
     enqueue_config("s", plan, ROOMY)
-    tuner("study", "run", "s", "--trials", "2", *common)
+    tuner("study", "run", "s", "--no-validate", "--trials", "2", *common)
     return {"root": root, "traces": traces, "storage": storage, "common": common, "plan": plan,
             "study_args": study_args}
 
@@ -130,7 +131,7 @@ def test_a_schedule_fires_honours_its_window_and_survives_a_restart(lab):
         assert run.state == "finished", (root / "host-a.log").read_text()
         assert datetime.fromisoformat(run.due_at) == fire and datetime.fromisoformat(run.window_end) == window_end
         # The one trial started is stopped at the window's end, not re-run.
-        assert [(t["number"], t["state"], t["reason"]) for t in run.trials] == [(0, "stopped", WINDOW_END)]
+        assert [(t.number, t.state, t.reason) for t in run.trials] == [(0, "stopped", WINDOW_END)]
         assert run.stopped_early == WINDOW_END and run.best is None and run.previous_best is None
         (stopped,) = Repository(plan.url).trials("fresh")
         stopped_at = datetime.fromisoformat(stopped.finished_at)
@@ -164,10 +165,11 @@ def test_a_schedule_fires_honours_its_window_and_survives_a_restart(lab):
     assert check.state == "finished", (root / "host-b.log").read_text()
     assert check.trials == [] and check.stopped_early == NO_TIME_LEFT
     s_best = best_trials(Repository(plan.url), Repository(plan.url).get_study("s"), load_optuna_study("s", plan))
-    assert check.best["trial"] == check.previous_best["trial"] == s_best[0].trial_number
+    assert check.best.trial == check.previous_best.trial == s_best[0].trial_number
     assert any(line.startswith("best unchanged: trial") for line in check.lines())
     assert any("meets the interactive" in line and "measured on CPU" in line and "vLLM 0.32.0" in line
                for line in check.lines())
+    assert "  not validated" in check.lines()  # the study ran with --no-validate: no gain is stated
     assert len(Repository(plan.url).trials("s")) == 2, "the check run must have started no trial"
 
 
@@ -176,7 +178,7 @@ def test_sigterm_stops_a_study_run_and_records_its_trial(lab):
     common = lab["common"]
     tuner("study", "create", "interrupted", "--trace", str(lab["traces"] / "day1.csv"), *lab["study_args"])
     proc = subprocess.Popen([sys.executable, "-m", "tuner", "study", "run", "interrupted", "--trials", "2", "--json",
-                             *common], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             "--no-validate", *common], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     def engine_started() -> None:
         _wait_for("an engine to start", lambda: bool(vllm_processes()) or proc.poll() is not None, timeout_s=180,
                   every_s=0.2)
@@ -239,7 +241,7 @@ def _tuner_fails(*args: str) -> str:
 def test_bad_schedules_are_refused_with_one_line(tiny_model, tmp_path):
     plan = StoragePlan.resolve(f"sqlite:///{tmp_path / 'tuner.db'}", tmp_path / "artifacts")
     create_study("s", model=tiny_model, trace_path=AZURE_CONV, space="cpu-small", boundary_name="interactive",
-                 limits={}, plan=plan, selection=TraceSelection(max_requests=8, fit="clip"))
+                 limits={}, plan=plan, selection=TraceSelection(max_requests=8, fit="clip"), load=LoadPolicy.fixed())
     common = ["--storage", plan.url, "--artifacts", str(plan.artifact_dir)]
     add = ["schedule", "add", "n", "--study", "s", *common]
     assert "Wrong number of fields" in _tuner_fails(*add, "--cron", "0 1 * *", "--window", "5h")
@@ -274,7 +276,7 @@ def test_durations_and_due_times():
 def test_schedules_live_in_postgresql(tiny_model, tmp_path, postgres_database):
     plan = StoragePlan.resolve(postgres_database, tmp_path / "artifacts")
     create_study("s", model=tiny_model, trace_path=AZURE_CONV, space="cpu-small", boundary_name="interactive",
-                 limits={}, plan=plan, selection=TraceSelection(max_requests=8, fit="clip"))
+                 limits={}, plan=plan, selection=TraceSelection(max_requests=8, fit="clip"), load=LoadPolicy.fixed())
     with ScheduleBook(plan) as book:
         added = book.add("nightly", study="s", cron="0 1 * * *", window_s=5 * 3600, trials=6)
     assert added.next_run.hour == 1 and added.next_run > datetime.now(timezone.utc)

@@ -20,7 +20,7 @@ import httpx
 import psutil
 import pytest
 
-from conftest import AZURE_CONV, NO_LATENCY_LIMIT_ARGS, signal_when_ready
+from conftest import AZURE_CONV, FIXED_LOAD, NO_LATENCY_LIMIT_ARGS, signal_when_ready
 from conftest import run_tuner as tuner
 from tuner.workers.launch import free_port
 
@@ -182,8 +182,8 @@ def served_study(service, tiny_model):
                                 str(AZURE_CONV), "--window", "300:400", "--max-requests", "8", "--rate-scale", "100",
                                 "--fit", "clip", "--seed", "1", "--json",
                                 # This test is about the service, not speed.
-                                *NO_LATENCY_LIMIT_ARGS).stdout)
-    run = remote(service, "study", "run", "svc", "--trials", "2")
+                                *NO_LATENCY_LIMIT_ARGS, *FIXED_LOAD).stdout)
+    run = remote(service, "study", "run", "svc", "--no-validate", "--trials", "2")
     return {"created": created, "run_stderr": run.stderr, "run_stdout": run.stdout}
 
 
@@ -219,14 +219,18 @@ def test_best_and_report_over_http_match_the_command_line_here(service, served_s
     assert missing.returncode == 2 and missing.stderr.strip() == "error: no study named nope"
 
 
-def wait_for_a_trial_in_flight(http: httpx.Client, run_id: str | None = None, timeout_s: float = 240) -> dict:
-    """The run (`run_id`, else the one running) once it has a trial in flight."""
+def wait_for_a_trial_in_flight(http: httpx.Client, run_id: str | None = None, timeout_s: float = 900,
+                               starter: subprocess.Popen | None = None) -> dict:
+    """The run (`run_id`, else the one running) once it has a trial in flight. A guard against a run that never
+    starts, not a speed test (beside other engines one took over 4 minutes); fails at once if `starter`, the
+    process that starts the run, has exited."""
     deadline = time.monotonic() + timeout_s
     while True:
         runs = [http.get(f"/runs/{run_id}").json()] if run_id else http.get("/runs").json()
         running = [r for r in runs if r["state"] == "running" and r["in_flight"]]
         if running:
             return running[0]
+        assert starter is None or starter.poll() is None, f"the run's starter exited: {starter.stderr.read()}"
         assert time.monotonic() < deadline, f"no run started a trial: {runs}"
         time.sleep(0.5)
 
@@ -235,11 +239,12 @@ def test_ctrl_c_on_a_run_through_the_service_stops_it_there_and_waits_for_its_re
     http = service["http"]
     # RAY_ADDRESS in the environment is not --ray-address: it is no reason to refuse a run on the service.
     env = {**os.environ, "TUNER_API_TOKEN": TOKEN, "RAY_ADDRESS": "127.0.0.1:9"}
-    cli = subprocess.Popen([sys.executable, "-m", "tuner", "study", "run", "svc", "--trials", "3", "--server",
-                            service["url"]], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    cli = subprocess.Popen([sys.executable, "-m", "tuner", "study", "run", "svc", "--trials", "3", "--no-validate",
+                            "--server", service["url"]], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           env=env)
     in_flight: list[dict] = []
-    stdout, stderr = signal_when_ready(cli, lambda: in_flight.append(wait_for_a_trial_in_flight(http)), signal.SIGINT,
-                                       timeout_s=300)
+    stdout, stderr = signal_when_ready(cli, lambda: in_flight.append(wait_for_a_trial_in_flight(http, starter=cli)),
+                                       signal.SIGINT, timeout_s=300)
     (run,) = in_flight
     assert cli.returncode == 130, stderr[-3000:]
     ended = http.get(f"/runs/{run['id']}").json()
@@ -316,7 +321,7 @@ def has_exited(proc: psutil.Process) -> bool:
 
 def test_a_run_dies_with_the_service_replica_that_started_it(service, served_study):
     http = service["http"]
-    run = http.post("/studies/svc/runs", json={"trials": 3}).json()
+    run = http.post("/studies/svc/runs", json={"trials": 3, "validate": False}).json()
     wait_for_a_trial_in_flight(http, run["id"])
     below = psutil.Process(service["proc"].pid).children(recursive=True)
     (replica,) = [p for p in below if "ServeReplica:tuner:tuner-api" in " ".join(p.cmdline())]

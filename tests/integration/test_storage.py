@@ -25,12 +25,12 @@ from tuner.traces.records import Trace, TraceRequest, Transformation
 from tuner.traces.stats import trace_stats
 from tuner.workers.engine_config import EngineConfig
 from tuner.workers.failures import FailureClass, classify_failure
-from tuner.workers.measure import TrialRecord
+from tuner.workers.trial import TrialRecord
 
 from factories import request_records, study_settings, trial_record
 
 TUNER_TABLES = {"tuner_studies", "tuner_traces", "tuner_trials", "tuner_requests", "tuner_schedule_runs"}
-LATEST = "0003"  # tuner's newest Alembic revision
+LATEST = "0005"  # tuner's newest Alembic revision
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

@@ -6,7 +6,9 @@ import pytest
 
 from tuner.errors import TunerError
 from tuner.workers.engine_config import EngineConfig
-from tuner.workers.launch import engine_argv
+from tuner.workers import launch
+from tuner.workers.launch import (PER_REQUEST_METRICS_FLAG, declares_per_request_metrics, engine_argv,
+                                  per_request_metrics_supported)
 
 
 def test_assignments_become_typed_fields_and_flags():
@@ -61,3 +63,37 @@ def test_argv_is_a_list_with_dummy_weights_for_a_config_only_model(tmp_path):
 def test_argv_for_a_model_with_weights_loads_them(tiny_model):
     argv = engine_argv(tiny_model, EngineConfig(), 8000)
     assert "--load-format" not in argv and "--skip-tokenizer-init" not in argv
+
+
+def test_the_installed_vllm_offers_per_request_metrics_and_the_server_is_asked_for_them(tiny_model):
+    # The CPU build's 0.32 declares the flag; read from its source, vLLM itself is not imported.
+    assert per_request_metrics_supported()
+    argv = engine_argv(tiny_model, EngineConfig(), 8000, ["--seed", "1"])
+    assert argv.count(PER_REQUEST_METRICS_FLAG) == 1 and argv[-2:] == ["--seed", "1"]
+
+
+@pytest.mark.parametrize("extra", [
+    ["--enable-per-request-metrics"], ["--enable_per_request_metrics"], ["--no-enable-per-request-metrics"],
+    ["--disable-log-stats"],  # vLLM refuses per-request metrics beside it
+    ["--disable-log-stats=true"],
+])
+def test_the_users_own_arguments_settle_per_request_metrics(tiny_model, extra):
+    argv = engine_argv(tiny_model, EngineConfig(), 8000, extra)
+    assert argv[-len(extra):] == extra and argv.count(PER_REQUEST_METRICS_FLAG) == extra.count(PER_REQUEST_METRICS_FLAG)
+
+
+def test_a_vllm_without_per_request_metrics_is_not_given_the_flag(tiny_model, monkeypatch):
+    monkeypatch.setattr(launch, "per_request_metrics_supported", lambda: False)
+    assert PER_REQUEST_METRICS_FLAG not in engine_argv(tiny_model, EngineConfig(), 8000)
+
+
+def test_support_is_read_from_the_servers_argument_definitions(tmp_path):
+    old, new = tmp_path / "old" / "vllm", tmp_path / "new" / "vllm"
+    (old / "entrypoints" / "openai").mkdir(parents=True)
+    (old / "entrypoints" / "openai" / "cli_args.py").write_text("class FrontendArgs:\n    max_log_len: int = 0\n")
+    (new / "entrypoints" / "launchers").mkdir(parents=True)
+    (new / "entrypoints" / "launchers" / "cli_args.py").write_text(
+        "class FrontendArgs:\n    enable_per_request_metrics: bool = False\n")
+    assert not declares_per_request_metrics([old])
+    assert declares_per_request_metrics([new]) and declares_per_request_metrics([old, new])
+    assert not declares_per_request_metrics([tmp_path / "absent"])

@@ -16,7 +16,7 @@ def test_the_wheel_installs_only_the_tuner_package_with_its_data(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     top = {name.split("/")[0] for name in names if not name.split("/")[0].endswith(".dist-info")}
     assert top == {"tuner"}, top
-    for module in ("tuner/storage/repository.py", "tuner/workers/engine_guard.py", "tuner/search_spaces/space.py"):
+    for module in ("tuner/storage/repository.py", "tuner/workers/engine_guard.py", "tuner/search_spaces/loading.py"):
         assert module in names, module
     # What the code reads at run time: the migrations, the bundled spaces, traces and model configs.
     assert "tuner/storage/migrations/versions/0001_initial.py" in names

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import replace
 
@@ -11,10 +12,11 @@ from tuner.storage import StoredTrial, StudyModel, StudySettings
 from tuner.compare import CompareRun, pair_verdict, parse_vary, reshape_trace, scale_lengths, verdicts
 from tuner.errors import TunerError
 from tuner.hardware import HardwareInfo
-from tuner.report import (NO_TIMELINE, ReportData, kv_budget_tokens, pareto_figure, read_timeline, render_html,
-                          side_by_side, summary, trial_rows)
+from tuner.capacity import capacity_of
+from tuner.report import (NO_TIMELINE, ReportData, kv_budget_tokens, load_curve_figure, pareto_figure, read_timeline,
+                          render_html, side_by_side, summary, trial_rows)
 from tuner.scoring import Rejection, Score, boundary
-from tuner.study.recommendation import Recommendation
+from tuner.study.recommendation import Recommendation, gain_sentence
 from tuner.traces.records import Trace, TraceRequest
 from tuner.traces.selection import TraceSelection
 from tuner.workers.engine_config import EngineConfig
@@ -23,7 +25,7 @@ from tuner.workers.replay import Outcome, RequestRecord
 from tuner.workers.server_metrics import TimelineSample
 
 from checks import check_page_in_chromium
-from factories import measurement, study_settings
+from factories import measurement, probe_ladder, study_settings
 
 PLOT_IDS = ("pareto", "preemptions", "time_split", "timelines", "output_lengths")
 
@@ -241,6 +243,15 @@ def test_trial_rows_carry_failure_classes_and_roles():
     assert rows[5].why == "pruned: p95 cannot meet it" and rows[5].feasible is None
 
 
+def test_trial_rows_name_the_limiting_resource_in_the_table_and_the_json():
+    rows = {r.trial: r for r in trial_rows(report_data())}
+    pressured = rows[3].limiting_resource
+    assert pressured is not None and pressured.kind.value == "kv_cache" and "31 preemptions" in pressured.sentence
+    assert rows[2].limiting_resource is None  # measured nothing
+    assert rows[3].to_dict()["limiting_resource"]["evidence"]["preemptions"] == 31
+    assert "limited by" in render_html(report_data())
+
+
 def test_summary_states_boundary_machine_trace_and_vllm_version():
     data = summary(report_data())
     assert data["pareto"] == [0, 3]
@@ -248,7 +259,9 @@ def test_summary_states_boundary_machine_trace_and_vllm_version():
     assert "interactive (p95 TTFT <= 20 s, p95 e2e <= 60 s, completion >= 99%)" in text
     assert "CPU: Test CPU 9000, 2 cores" in text and "vLLM 0.32.0" in text
     assert "azure_conv_2023.csv (sha256 abababababab, 16 requests" in text
-    assert "x1.06" in text  # completed throughput over the default's
+    # Measured once each, never validated: no gain is stated, and the sentence says why.
+    assert "x1.06" not in text and "trial 0): not validated, each was measured once" in text
+    assert data["recommendation"]["validation"] is None
     assert data["recommendation"]["trial"] == 3 and data["recommendation"]["hardware"] == HARDWARE
 
 
@@ -313,6 +326,109 @@ def test_page_built_from_stored_trials_renders_in_chromium(tmp_path):
     assert sorted(found["figures"]) == sorted(PLOT_IDS)
 
 
+# --- load curves: a study whose trials probed several loads ------------------------------------------------
+
+# (factor, verdict, p95 TTFT s, p95 end-to-end s); the boundary: p95 TTFT <= 20 s, p95 end-to-end <= 60 s.
+DEFAULT_LADDER = [(1.0, "pass", 0.2, 3.0), (2.0, "pass", 0.5, 6.0), (4.0, "fail", 30.0, 90.0),
+                  (2.83, "pass", 1.0, 10.0), (3.36, "fail", 22.0, 70.0), (3.08, "inconclusive", 15.0, 55.0)]
+RECOMMENDED_LADDER = [(1.0, "pass", 0.2, 3.3), (2.0, "pass", 0.3, 4.0), (4.0, "pass", 0.6, 8.0),
+                      (8.0, "fail", 40.0, 120.0), (5.66, "fail", 25.0, 80.0), (4.76, "pass", 2.0, 20.0)]
+
+
+def search_data() -> ReportData:
+    """report_data() as a study with a load search: the default and the recommendation scored with the capacity
+    their probes found, the pruned trial with the one probe it ran, stopped early."""
+    data = report_data()
+    trials = list(data.trials)
+    for number, ladder in ((0, DEFAULT_LADDER), (3, RECOMMENDED_LADDER)):
+        judged = probe_ladder(ladder)
+        capacity = capacity_of(judged, data.settings.load, 100.0)
+        t = trials[number]
+        trials[number] = replace(t, probes=judged, score=replace(t.score, capacity=capacity))
+    trials[5] = replace(trials[5], probes=probe_ladder([(1.0, "fail", 0.3, 3.0)], stop_reason="p95 cannot meet it"))
+    return replace(data, trials=tuple(trials), recommendation=replace(data.recommendation, trial=trials[3],
+                                                                      baseline=trials[0]), baseline=trials[0])
+
+
+def test_load_curves_draw_every_probe_by_offered_load_with_its_verdict():
+    fig = load_curve_figure(search_data())
+    curves = {(t.name, t.yaxis): t for t in fig.data if t.mode == "lines+markers"}
+    assert sorted(curves) == [(name, axis) for name in ("trial 0 (default)", "trial 3 (recommended)", "trial 5")
+                              for axis in ("y", "y2")]
+    default_ttft, default_e2e = curves["trial 0 (default)", "y"], curves["trial 0 (default)", "y2"]
+    factors = sorted(f for f, *_ in DEFAULT_LADDER)
+    assert list(default_ttft.x) == pytest.approx([1.6 * f for f in factors])  # from the lowest load up
+    assert list(default_ttft.y) == [0.2, 0.5, 1.0, 15.0, 22.0, 30.0]
+    assert list(default_e2e.y) == [3.0, 6.0, 10.0, 55.0, 70.0, 90.0]
+    assert list(default_ttft.marker.symbol) == ["circle", "circle", "circle", "diamond", "x", "x"]
+    assert len(set(default_ttft.marker.color)) == 3  # pass, inconclusive and fail apart
+    assert "over a limit" in default_ttft.hovertext[-1] and "inconclusive" in default_ttft.hovertext[3]
+    assert list(curves["trial 5", "y"].marker.symbol) == ["x"]
+    legend = [t.name for t in fig.data if t.showlegend is not False]
+    assert {"pass", "fail", "inconclusive"} <= set(legend)
+
+
+def test_load_curves_draw_the_boundarys_limits_and_mark_each_knee():
+    fig = load_curve_figure(search_data())
+    lines = [(s.yref, s.y0) for s in fig.layout.shapes if s.type == "line"]
+    assert lines == [("y", 20.0), ("y2", 60.0)]
+    texts = {a.text for a in fig.layout.annotations}
+    assert {"interactive boundary: p95 TTFT ≤ 20 s", "interactive boundary: p95 end-to-end latency ≤ 60 s"} <= texts
+    knees = {(t.name, t.yaxis): (t.x[0], t.y[0]) for t in fig.data if t.name and t.name.endswith(": knee")}
+    # The highest load that passed: x2.83 of the reference for the default, x4.76 for the recommendation.
+    assert knees["trial 0 (default): knee", "y"] == (pytest.approx(1.6 * 2.83), 1.0)
+    assert knees["trial 0 (default): knee", "y2"] == (pytest.approx(1.6 * 2.83), 10.0)
+    assert knees["trial 3 (recommended): knee", "y2"] == (pytest.approx(1.6 * 4.76), 20.0)
+    assert not any(name.startswith("trial 5") for name, _ in knees)  # no probe of it passed
+
+
+def test_a_boundary_without_a_ttft_limit_draws_only_the_end_to_end_line():
+    data = search_data()
+    data = replace(data, boundary=boundary("interactive", {"ttft_p95_s": None, "e2e_p95_s": 60.0}))
+    assert [(s.yref, s.y0) for s in load_curve_figure(data).layout.shapes if s.type == "line"] == [("y2", 60.0)]
+
+
+def test_trial_rows_and_the_json_carry_each_trials_capacity_and_probes():
+    rows = {r.trial: r for r in trial_rows(search_data())}
+    assert rows[0].capacity_cells == ("4.528", "x283", "6 probes: bracketed within 10%; the load above it, "
+                                                       "4.93 req/s, was inconclusive")
+    assert rows[3].capacity_cells[0] == "7.616" and rows[3].capacity_cells[2] == "6 probes: probe budget of 6 spent"
+    # The pruned trial was not scored: its capacity is summed up again from the probe it ran.
+    assert rows[5].capacity_cells == ("-", "-", "1 probe: no probe passed: the reference load failed")
+    assert rows[1].capacity is None and rows[1].probes == [] and rows[1].capacity_cells == ("-", "-", "-")
+    trials = {t["trial"]: t for t in json.loads(json.dumps(summary(search_data())))["trials"]}
+    assert trials[0]["capacity"]["rps"] == pytest.approx(4.528) and trials[0]["capacity"]["rate_scale"] == 283.0
+    assert [p["verdict"] for p in trials[0]["probes"]] == [v for _, v, *_ in DEFAULT_LADDER]
+    assert trials[0]["probes"][2]["reasons"] == ["probe at x4: over a limit"]
+    assert trials[0]["probes"][2]["measurement"]["ttft_s"]["p95"] == 30.0
+    assert trials[1]["capacity"] is None and trials[1]["probes"] == []
+
+
+def test_a_study_at_a_fixed_load_has_no_load_curves_and_no_capacity():
+    data = report_data()
+    assert load_curve_figure(data) is None
+    assert all("capacity" not in row and "probes" not in row for row in summary(data)["trials"])
+    page = render_html(data)
+    assert "load_curves" not in page and "capacity req/s" not in page and "load search" not in page
+
+
+def test_html_of_a_search_shows_the_load_curves_and_the_capacities():
+    page = render_html(search_data())
+    assert 'data-figure="load_curves"' in page
+    assert page.index('data-figure="pareto"') < page.index('data-figure="load_curves"') < page.index('id="trials"')
+    assert "<th>capacity req/s</th><th>x trace&#39;s rate</th>" in page and "<th>load search</th>" in page
+    assert "6 probes: probe budget of 6 spent" in page and ">x283<" in page
+
+
+def test_page_with_load_curves_renders_in_chromium(tmp_path):
+    from conftest import REPO
+
+    path = tmp_path / "report.html"
+    path.write_text(render_html(search_data()))
+    found = check_page_in_chromium(path, REPO / "test-artifacts" / "report-load-curves-unit.png")
+    assert sorted(found["figures"]) == sorted([*PLOT_IDS, "load_curves"])
+
+
 def test_compare_table_puts_the_values_side_by_side():
     from tuner.compare import CompareResult, parse_vary
     from tuner.cli.report import _compare_rows
@@ -330,3 +446,58 @@ def test_compare_table_puts_the_values_side_by_side():
     assert rows["state"][2].style == "red"
     assert rows["queue time mean / p95 s (vLLM)"][0] == "1.500 / 0.300"
     assert rows["meets the interactive boundary"] == ["yes", "yes", "-"]
+
+
+def test_one_gain_sentence_for_the_report_and_the_command_line():
+    from tuner.describe import recommendation_dict
+    from tuner.studies import RecommendationAnswer
+    from tuner.validation import Arm, ArmResult, Validation
+
+    data = report_data()
+    rec, trials = data.recommendation, data.trials
+    once = "not validated, each was measured once"
+    hint = "; `tuner study validate` states the gain with its interval"
+    cases = {  # the baseline: the command line's sentence (the report's is the same, capitalized, with a stop)
+        0: f"against vLLM's default configuration (trial 0): {once}{hint}",
+        2: "vLLM's default configuration (trial 2) gave no score to compare: kv_insufficient; not validated",
+        4: f"against vLLM's default configuration (trial 4): {once}, and the default broke the boundary at your "
+           f"traffic{hint}",
+        None: "vLLM's default configuration was not run in this study; not validated",
+        3: "vLLM's default configuration (trial 3) is itself the best found, measured once: not validated",
+    }
+    validated = Validation(1, 2, (ArmResult(Arm(0, None), (6, 8), (2.0, 2.2)),
+                                  ArmResult(Arm(1, 3), (7, 9), (2.9, 3.1))), (6, 7, 8, 9), "req/s within the boundary")
+    for number, cli_text in cases.items():
+        for validation in (None, validated):
+            case = replace(rec, baseline=trials[number] if number is not None else None, validation=validation)
+            expected = validated.sentence() if validation else cli_text
+            # No gain is ever stated without its interval: only the validated sentence has a ratio.
+            assert ("x1." in expected) == (validation is not None)
+            assert case.gain_sentence(report=True) == f"{expected[0].upper()}{expected[1:]}."
+            # The command line states the service's answer, read back from JSON.
+            answer = RecommendationAnswer.model_validate_json(
+                RecommendationAnswer.model_validate(recommendation_dict(case, data.settings)).model_dump_json())
+            assert gain_sentence(answer.baseline, answer.validation.sentence if answer.validation else None,
+                                 answer.trial) == expected == case.gain_sentence()
+    assert validated.sentence() == ("trial 3 carries more than vLLM's default (x1.43, 95% CI 1.08-1.89, 2 repeats "
+                                    "each): recommended")
+
+
+@pytest.mark.parametrize("source, shown", [
+    ("per_request", "0.004 / 0.090  (each request's own, from vLLM)"),
+    ("histogram", "0.004 / 0.090  (vLLM's histogram, interpolated in its buckets)"),
+    (None, "0.004 / 0.090"),  # a measurement stored before the source was recorded
+])
+def test_trial_table_says_where_its_queue_figures_come_from(source, shown):
+    from rich.console import Console
+
+    from tuner.cli.trial import _trial_table
+    from factories import request_records, trial_record
+
+    record = replace(trial_record(request_records(3), died=False),
+                     trace={"source": "azure_conv_2023.csv", "requests": 3, "span_s": 0.5, "transformations": []},
+                     measurement=measurement(queue_s_p50=0.004, queue_s_p95=0.09, queue_source=source))
+    console = Console(width=200, record=True)
+    console.print(_trial_table(record))
+    [line] = [line for line in console.export_text().splitlines() if "queue p50 / p95 s" in line]
+    assert line.split("queue p50 / p95 s", 1)[1].strip(" │") == shown

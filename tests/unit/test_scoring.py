@@ -45,6 +45,18 @@ def test_batch_boundary_limits_makespan():
     assert not s.feasible and s.constraints["makespan_s"] == pytest.approx(40.0)
 
 
+def test_an_optional_time_per_output_token_limit_is_off_by_default_and_checked_when_set():
+    records = [RequestRecord(i, 0.0, 0.0, 10, 10, 10, Outcome.OK, ttft_s=0.1, e2e_s=1.0,
+                             itl_mean_s=0.3 if i < 5 else 0.05) for i in range(20)]
+    m = measure(ReplayResult(records, 10.0, None, None))
+    assert m.tpot_s.p95 == pytest.approx(0.3)
+    assert all(b.tpot_p95_s is None for b in BOUNDARIES.values())
+    assert score(m, boundary("interactive"), 10.0).feasible
+    held = score(m, boundary("interactive", {"tpot_p95_s": 0.1}), 10.0)
+    assert not held.feasible and held.constraints["tpot_p95_s"] == pytest.approx(0.2)
+    assert held.violations == ["tpot_p95_s 0.300 s is over the limit 0.100 s"]
+
+
 def test_limits_override_and_are_checked():
     b = boundary("interactive", parse_limits(["ttft_p95_s=0.5", "e2e_p95_s=none"]))
     assert b.ttft_p95_s == 0.5 and b.e2e_p95_s is None and BOUNDARIES["interactive"].ttft_p95_s == 2.0
@@ -66,7 +78,7 @@ def _live(total: int, finished: list[RequestRecord], in_flight_ages: list[float]
 
 
 def test_watch_stops_once_p95_cannot_be_met():
-    watch = BoundaryWatch(boundary("interactive", {"ttft_p95_s": None}), trace_span_s=10.0)
+    watch = BoundaryWatch(boundary("interactive", {"ttft_p95_s": None}))
     # 20 requests: p95 interpolates between ranks 18 and 19 (0-based), so 2 over the limit decide it.
     assert watch(_live(20, [_record(0, 31.0)])) is None
     assert "p95 cannot meet it" in watch(_live(20, [_record(0, 31.0), _record(1, 40.0)]))
@@ -76,7 +88,7 @@ def test_watch_stops_once_p95_cannot_be_met():
 
 
 def test_watch_counts_failures_against_completion():
-    watch = BoundaryWatch(boundary("interactive", {"min_completion_ratio": 0.9}), trace_span_s=10.0)
+    watch = BoundaryWatch(boundary("interactive", {"min_completion_ratio": 0.9}))
     two_failed = [_record(0, None, outcome=Outcome.HTTP_ERROR), _record(1, None, outcome=Outcome.TIMEOUT)]
     assert watch(_live(20, two_failed)) is None  # 2 of 20 may fail
     third = _record(2, None, outcome=Outcome.HTTP_ERROR)
@@ -87,7 +99,7 @@ def test_watch_never_stops_a_trial_that_could_still_be_feasible():
     """Property: whenever the watch says stop, every completion of the replay is infeasible."""
     rng = random.Random(7)
     b = boundary("interactive", {"ttft_p95_s": None, "e2e_p95_s": 5.0, "min_completion_ratio": 0.9})
-    watch = BoundaryWatch(b, trace_span_s=10.0)
+    watch = BoundaryWatch(b)
     stopped = 0
     for _ in range(400):
         total = rng.randint(5, 40)

@@ -20,7 +20,7 @@ from tuner.search_spaces import (PLATFORMS, PREDICTED_KV_INSUFFICIENT, SpaceCont
 from tuner.errors import TunerError
 from tuner.kv_budget import DeviceMemory, ModelMemory
 from tuner.models import ModelInfo
-from tuner.search_spaces.space import FloatParameter
+from tuner.search_spaces.parameters import FloatParameter
 from tuner.traces.records import Trace, TraceRequest
 from tuner.traces.selection import TraceSelection, load_trace
 from tuner.workers.engine_config import EngineConfig
@@ -133,7 +133,7 @@ SCHEMA = Path(__file__).resolve().parents[2] / "search_spaces" / "schema.json"
 
 def test_the_published_schema_is_the_one_the_models_generate():
     assert json.loads(SCHEMA.read_text()) == SpaceFile.model_json_schema(), (
-        "regenerate: python -c 'import json; from tuner.search_spaces.space import SpaceFile; "
+        "regenerate: python -c 'import json; from tuner.search_spaces import SpaceFile; "
         "print(json.dumps(SpaceFile.model_json_schema(), indent=2))' > search_spaces/schema.json")
 
 

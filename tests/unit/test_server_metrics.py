@@ -1,9 +1,13 @@
-"""vLLM's Prometheus text parsed with prometheus_client, histogram quantiles as Prometheus computes them."""
+"""vLLM's Prometheus text parsed with prometheus_client, histogram quantiles as Prometheus computes them; queue
+figures from the requests' own times where the server reported them, else from that histogram."""
 
 from __future__ import annotations
 
 import pytest
 
+from tuner.traces.stats import percentile
+from tuner.workers.measure import Measurement, measure
+from tuner.workers.replay import Outcome, ReplayResult, RequestRecord
 from tuner.workers.server_metrics import PREEMPTIONS, QUEUE_TIME, RUNNING, Histogram, parse_metrics
 
 PAGE = """\
@@ -44,3 +48,42 @@ def test_histogram_delta_isolates_one_replay():
     assert delta.count == 4 and delta.total == 27.0
     assert delta.quantile(0.5) == 1.0  # every new request lies past the last finite bound
     assert Histogram((), 0.0, 0.0).quantile(0.5) is None
+
+
+def _replay(queue_s: list[float | None], outcomes: list[Outcome] | None = None) -> ReplayResult:
+    """A replay whose requests reported these queue times, with PAGE's queue histogram counted during it."""
+    outcomes = outcomes or [Outcome.OK] * len(queue_s)
+    records = [RequestRecord(i, 0.1 * i, 0.1 * i, 8, 16, 8 if o is Outcome.OK else 0, o, ttft_s=0.05,
+                             e2e_s=0.2 if o is Outcome.OK else None, queue_s=q)
+               for i, (q, o) in enumerate(zip(queue_s, outcomes))]
+    return ReplayResult(records, 2.0, parse_metrics(""), parse_metrics(PAGE))
+
+
+def test_queue_figures_come_from_the_requests_own_times_when_every_finished_request_has_one():
+    # Most requests barely wait: a histogram would put its p50 inside the first bucket (0.875 s here).
+    times = [0.002] * 18 + [0.4, 1.2]
+    m = measure(_replay(times))
+    assert m.queue_source == "per_request"
+    assert m.queue_s_p50 == pytest.approx(0.002)
+    assert m.queue_s_p95 == pytest.approx(percentile(times, 95)) and m.queue_s_mean == pytest.approx(0.0818)
+    # Requests that never finished have no figure of their own and are left out, as from TTFT and e2e.
+    m = measure(_replay(times + [None], [Outcome.OK] * 20 + [Outcome.DISCONNECTED]))
+    assert m.queue_source == "per_request" and m.queue_s_p50 == pytest.approx(0.002)
+
+
+@pytest.mark.parametrize("times", [[None] * 4, [0.002, 0.003, None, 0.001]])
+def test_queue_figures_fall_back_to_the_histogram_unless_every_finished_request_has_its_own(times):
+    m = measure(_replay(times))
+    assert m.queue_source == "histogram"
+    assert m.queue_s_p50 == pytest.approx(0.875) and m.queue_s_mean == pytest.approx(0.6)
+
+
+def test_no_queue_figures_without_either_source():
+    m = measure(ReplayResult(_replay([None, None]).records, 2.0, None, None))
+    assert (m.queue_s_p50, m.queue_s_p95, m.queue_s_mean, m.queue_source) == (None, None, None, None)
+
+
+def test_a_measurement_stored_before_the_queue_source_reads_back_with_none():
+    stored = measure(_replay([None] * 4)).to_dict()
+    del stored["queue_source"]
+    assert Measurement.from_dict(stored).queue_source is None

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 import typer
 
 if TYPE_CHECKING:
+    from tuner.capacity import LoadPolicy
     from tuner.studies import Studies
     from tuner.traces.selection import TraceSelection
 
@@ -41,6 +42,8 @@ EngineArgOption = Annotated[list[str], typer.Option(help="Extra vLLM flag passed
 StartupTimeoutOption = Annotated[float, typer.Option(help="Seconds to wait for a healthy server.")]
 RequestTimeoutOption = Annotated[float, typer.Option(help="Seconds one request may take.")]
 PromptSeedOption = Annotated[int, typer.Option(help="Seed of the synthetic prompts.")]
+BoundaryOption = Annotated[str, typer.Option(help="interactive or batch: the boundary each replay is judged "
+                                                  "against (in a load search, what a probe must meet to pass).")]
 LimitOption = Annotated[list[str], typer.Option(help="Override a boundary limit, NAME=VALUE or NAME=none "
                                                      "(repeatable).")]
 
@@ -56,6 +59,29 @@ WindowOption = Annotated[Optional[str], typer.Option(help="START:END seconds of 
 RateOption = Annotated[Optional[float], typer.Option(help="Multiply the arrival rate (2 = twice as fast).")]
 CapOption = Annotated[Optional[int], typer.Option(help="Keep the first N requests (after the window).")]
 FitOption = Annotated[Optional[str], typer.Option(help="clip or scale lengths to fit max_model_len.")]
+
+
+# --- how much load a trial probes ---------------------------------------------------------------------------
+
+LoadOption = Annotated[str, typer.Option(
+    "--load", help="search: probe several loads on one launch and find the highest that passes the boundary (the "
+                   "capacity); fixed: one replay at the reference load (the trace at --rate-scale).")]
+PrecisionOption = Annotated[float, typer.Option(help="The load search ends once its bracket is within this share "
+                                                     "(0.1 = 10%).")]
+ProbeBudgetOption = Annotated[int, typer.Option(help="Probes per trial at most, the reference load's included.")]
+LoadRangeOption = Annotated[Optional[str], typer.Option(help="MIN:MAX loads the search may probe, as multiples of the "
+                                                             "reference load; default 0.0625:64.")]
+ProbeRequestsOption = Annotated[int, typer.Option(help="Each probe replays the trace, repeated, until it holds this "
+                                                       "many requests (a p95 needs about 75 to be told from its "
+                                                       "limit).")]
+
+
+def load_policy(load: str, precision: float, probe_budget: int, load_range: str | None,
+                probe_requests: int) -> LoadPolicy:
+    """The load policy the load options ask for (TunerError for a value out of range)."""
+    from tuner.capacity import LoadPolicy
+
+    return LoadPolicy.from_options(load, precision, probe_budget, load_range, probe_requests)
 
 
 def trace_selection(window: str | None, max_requests: int | None, rate_scale: float | None,
@@ -84,3 +110,6 @@ def study_answers(server: str | None, token_file: Path | None, storage: str | No
     from tuner.studies import LocalStudies
 
     return LocalStudies(storage_plan(storage, artifacts))
+TopOption = Annotated[int, typer.Option(min=1, help="Validate this many of the best feasible configurations.")]
+RepeatsOption = Annotated[int, typer.Option(min=2, help="Launches of each validated configuration and of vLLM's "
+                                                        "default (at least 2, for an interval).")]

@@ -3,26 +3,43 @@ and its gain over vLLM's default configuration. (`--json` prints the answers' ow
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from rich.table import Table
 from rich.text import Text
 
 from tuner.console import fmt, out
-from tuner.describe import context_line, throughput_line
+from tuner.describe import capacity_line, context_line, throughput_line
+from tuner.study.recommendation import capacity_sentence, gain_sentence
 
 if TYPE_CHECKING:
-    from tuner.studies import BestSoFar, RecommendationAnswer, ReportAnswer
+    from tuner.capacity import JudgedProbe
+    from tuner.scoring import Capacity
+    from tuner.studies import (BaselineAnswer, BestSoFar, LimitingResourceAnswer, RecommendationAnswer, ReportAnswer,
+                               TrialRowAnswer)
     from tuner.study.events import TrialSummary
+
+
+def _role(s: TrialSummary) -> str:
+    """` (baseline)`, ` (validation, round 2: trial 3)`, or nothing for a search trial."""
+    mark = s.validation
+    if mark is not None:
+        what = "vLLM's default" if mark.default else f"trial {mark.of_trial}"
+        return f" (validation, round {mark.round} of {mark.repeats}: {what})"
+    return " (baseline)" if s.baseline else ""
 
 
 def summary_line(s: TrialSummary) -> str:
     """One line per finished trial of a run: `trial 3 (baseline): complete, 1.700 req/s, p95 e2e 2.10 s,
     feasible`, or its failure class and reason."""
-    head = f"trial {s.number}{' (baseline)' if s.baseline else ''}: {s.state}"
+    head = f"trial {s.number}{_role(s)}: {s.state}"
     score = s.score
     if score is not None:
-        head += (f", {throughput_line(score.completed_rps, score.e2e_p95_s)}, "
+        capacity = score.capacity
+        carried = throughput_line(score.completed_rps, score.e2e_p95_s, capacity and capacity.rps, bool(capacity))
+        head += (f", {carried}, "
                  f"{'feasible' if score.feasible else 'infeasible: ' + '; '.join(score.violations)}")
     elif s.failure_class:
         head += f" [{s.failure_class}] {s.reason}"
@@ -33,23 +50,76 @@ def summary_line(s: TrialSummary) -> str:
 
 def best_so_far_line(best: BestSoFar) -> Text:
     """The best trial so far in one line: its throughput, latency and the context it was measured in."""
-    return Text(f"trial {best.trial}: {throughput_line(best.completed_rps, best.e2e_p95_s)}; "
-                f"{context_line(best.to_dict())}")
+    capacity = best.capacity
+    return Text(f"trial {best.trial}: "
+                f"{throughput_line(best.completed_rps, best.e2e_p95_s, capacity and capacity.rps, bool(capacity))}; "
+                f"{context_line(best.to_dict())}" + _limited_by(best.limiting_resource))
 
 
-def report_trial_line(r: dict) -> str:
+def _limited_by(held_by: LimitingResourceAnswer | None) -> str:
+    """`; limited by <sentence>` for a trial whose limiting resource is known, else nothing."""
+    return f"; limited by {held_by.sentence}" if held_by else ""
+
+
+def default_line(base: BaselineAnswer) -> str:
+    """vLLM's default configuration in one line: its trial and score (its capacity after a load search), or how
+    it ended unscored."""
+    score = base.scored
+    if score is None:
+        return f"trial {base.trial}: {base.state}" + (f" [{base.failure_class}]" if base.failure_class else "")
+    capacity = score.capacity
+    carried = throughput_line(score.completed_rps, score.e2e_p95_s, capacity and capacity.rps, bool(capacity))
+    return (f"trial {base.trial}: {carried}, {'feasible' if score.feasible else 'infeasible'}"
+            + _limited_by(base.limiting_resource))
+
+
+def print_probe_ladder(judged: Sequence[JudgedProbe], capacity: Capacity, title: str = "load probes") -> None:
+    """The probes of one trial, one row each, why each that did not pass did not, and the capacity."""
+    table = Table(title=title)
+    for column in ("probe", "offered req/s", "x reference", "completed", "p95 TTFT s", "p95 e2e s", "preemptions",
+                   "waiting peak", "KV peak", "verdict"):
+        table.add_column(column, justify="left" if column == "verdict" else "right")
+    styles = {"pass": "green", "fail": "red", "inconclusive": "yellow"}
+    for j in judged:
+        p, m = j.probe, j.probe.measurement
+        verdict = Text(j.verdict.value, style=styles[j.verdict.value])
+        if m is None:
+            table.add_row(str(p.index + 1), "", f"{p.factor:.3g}", "", "", "", "", "", "", verdict)
+            continue
+        table.add_row(str(p.index + 1), fmt(m.offered_rps), f"{p.factor:.3g}", f"{m.completed}/{m.requests}",
+                      fmt(m.ttft_s.p95), fmt(m.e2e_s.p95), str(m.preemptions), f"{m.waiting_peak:g}",
+                      f"{m.kv_usage_peak:.0%}", verdict)
+    out.print(table)
+    for j in judged:
+        for reason in j.reasons:
+            out.print(f"probe {j.probe.index + 1}: {reason}", highlight=False, soft_wrap=True)
+    out.print(ladder_capacity_line(capacity), highlight=False, soft_wrap=True)
+
+
+def ladder_capacity_line(capacity: Capacity) -> str:
+    """`capacity: 3.4 req/s (x1.7 the trace's rate) within the boundary; <how the search ended>`, or that none
+    was found and why."""
+    carried = capacity_line(capacity)
+    if carried is None:
+        return f"capacity: none within the boundary ({capacity.ended})"
+    return f"capacity: {carried} within the boundary; {capacity.ended}"
+
+
+def report_trial_line(r: TrialRowAnswer) -> str:
     """One of the report's trial rows in one line: `  trial 2 (recommended): complete, 16/16 at 1.7 req/s, ...
     | settings | why`."""
-    head = f"  trial {r['trial']}" + (f" (attempt {r['attempt']})" if r["attempt"] > 1 else "")
-    head += f" ({', '.join(r['roles'])})" if r["roles"] else ""
-    what = r["state"] + (f" [{r['failure_class']}]" if r["failure_class"] else "")
-    if r["requests"] is not None:
-        what += (f", {r['completed']}/{r['requests']} at {fmt(r['completed_rps'])} req/s, p95 TTFT "
-                 f"{fmt(r['ttft_p95_s'])} s, p95 e2e {fmt(r['e2e_p95_s'])} s, {r['preemptions']} preemptions")
-        if r["feasible"] is not None:
-            what += ", within the boundary" if r["feasible"] else ""
-    settings = ", ".join(f"{k}={v}" for k, v in r["settings"].items()) or "vLLM defaults"
-    return f"{head}: {what} | {settings}" + (f" | {r['why']}" if r["why"] else "")
+    head = f"  trial {r.trial}" + (f" (attempt {r.attempt})" if r.attempt > 1 else "")
+    head += f" ({', '.join(r.roles)})" if r.roles else ""
+    what = r.state + (f" [{r.failure_class}]" if r.failure_class else "")
+    if r.requests is not None:
+        what += (f", {r.completed}/{r.requests} at {fmt(r.completed_rps)} req/s, p95 TTFT "
+                 f"{fmt(r.ttft_p95_s)} s, p95 e2e {fmt(r.e2e_p95_s)} s, {r.preemptions} preemptions")
+        if r.feasible is not None:
+            what += ", within the boundary" if r.feasible else ""
+    settings = ", ".join(f"{k}={v}" for k, v in r.settings.items()) or "vLLM defaults"
+    held_by = r.limiting_resource
+    return (f"{head}: {what} | {settings}" + (f" | limited by {held_by.sentence}" if held_by else "")
+            + (f" | {r.why}" if r.why else ""))
 
 
 def print_recommendation(rec: RecommendationAnswer) -> None:
@@ -58,29 +128,25 @@ def print_recommendation(rec: RecommendationAnswer) -> None:
     from tuner.scoring import Score
 
     # The recommendation's records, as stored: the answer carries them in their stored shapes.
-    m, score = rec.measurement, Score.from_dict(rec.score)
+    m, score = rec.measurement, Score.from_dict(rec.score.to_dict())
     out.print(f"Recommended for the {rec.boundary_text} boundary (trial {rec.trial}):")
     out.print(f"  {rec.serve_command}", highlight=False, soft_wrap=True)
-    out.print(f"measured on {rec.measured_on}, vLLM {rec.vllm_version}, trace {Path(rec.trace['path']).name} "
-              f"(sha256 {rec.trace['sha256'][:12]}, {m['requests']} requests)")
-    out.print(f"completed {m['completed']}/{m['requests']} at {score.completed_rps:.3f} req/s, "
-              f"{score.output_tps:.1f} output tok/s, p95 TTFT {m['ttft_s']['p95'] or 0:.3f} s, "
-              f"p95 e2e {score.e2e_p95_s:.3f} s, {m['preemptions']} preemptions")
-    out.print(gain_sentence(rec))
-
-
-def gain_sentence(rec: RecommendationAnswer) -> str:
-    """The recommendation against vLLM's default configuration: the throughput and p95 latency ratios, or why
-    there is nothing to compare."""
-    base, gain = rec.baseline, rec.gain
-    if base is None:
-        return "vLLM's default configuration was not run in this study"
-    if gain is None:
-        why = base["failure_class"] or ("infeasible" if base["state"] == "complete" else base["state"])
-        return f"vLLM's default configuration (trial {base['trial']}) gave no score to compare: {why}"
-    return (f"against vLLM's default configuration (trial {base['trial']}): completed throughput "
-            f"x{gain['completed_rps_ratio']:.2f}, p95 e2e x{gain['e2e_p95_ratio']:.2f}"
-            f"{'' if base['score'].get('feasible') else ' (the default broke the boundary)'}")
+    out.print(f"measured on {rec.measured_on}, vLLM {rec.vllm_version}, trace {Path(rec.trace.path).name} "
+              f"(sha256 {rec.trace.sha256[:12]}, {m.requests} requests)")
+    out.print(f"completed {m.completed}/{m.requests} at {score.completed_rps:.3f} req/s, "
+              f"{score.output_tps:.1f} output tok/s, p95 TTFT {m.ttft_s.p95 or 0:.3f} s, "
+              f"p95 e2e {score.e2e_p95_s:.3f} s, {m.preemptions} preemptions")
+    if score.capacity is not None:
+        # The same traffic for every trial of a study: the reference load is the recommendation's.
+        traffic = m.offered_rps
+        out.print(f"it {capacity_sentence(score.capacity, score.e2e_p95_s, traffic)}", highlight=False,
+                  soft_wrap=True)
+        base = Score.from_dict(rec.baseline.scored.to_dict()) if rec.baseline and rec.baseline.scored else None
+        if base is not None and base.capacity is not None and rec.baseline.trial != rec.trial:
+            out.print(f"vLLM's default configuration (trial {rec.baseline.trial}) "
+                      f"{capacity_sentence(base.capacity, base.e2e_p95_s, traffic)}", highlight=False, soft_wrap=True)
+    out.print(gain_sentence(rec.baseline, rec.validation.sentence if rec.validation else None, rec.trial),
+              highlight=False, soft_wrap=True)
 
 
 def print_report_lines(view: ReportAnswer) -> None:

@@ -11,14 +11,21 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from tuner.cli.options import (ArtifactsOption, CapOption, EngineArgOption, FitOption, FormatOption, JsonOption,
-                               LimitOption, PromptSeedOption, RateOption, ReplayedTraceOption, RequestTimeoutOption,
-                               ServedModelOption, ServerOption, StartupTimeoutOption, StorageOption, StudyArgument,
-                               TokenFileOption, WindowOption, study_answers, trace_selection)
-from tuner.cli.present import print_report_lines, report_trial_line
+from typing import TYPE_CHECKING
+
+from tuner.cli.options import (ArtifactsOption, BoundaryOption, CapOption, EngineArgOption, FitOption, FormatOption,
+                               JsonOption, LimitOption, LoadOption, LoadRangeOption, PrecisionOption,
+                               ProbeBudgetOption, ProbeRequestsOption, PromptSeedOption, RateOption,
+                               ReplayedTraceOption, RequestTimeoutOption, ServedModelOption, ServerOption,
+                               StartupTimeoutOption, StorageOption, StudyArgument, TokenFileOption, WindowOption,
+                               load_policy, study_answers, trace_selection)
+from tuner.cli.present import ladder_capacity_line, print_probe_ladder, print_report_lines, report_trial_line
 from tuner.console import err, fmt, out, print_json, progress_bar
 from tuner.describe import boundary_line
 from tuner.errors import TunerError
+
+if TYPE_CHECKING:
+    from tuner.compare import CompareResult, CompareRun
 
 COMPARE_FILE = "compare.json"  # the whole comparison, as --json prints it, in the --out folder
 
@@ -47,7 +54,7 @@ def study_report(
         html.write_text(studies.report_html(name), encoding="utf-8")
         written = html
     if as_json:
-        return print_json({**view.summary, "html": str(written) if written else None})
+        return print_json({**view.summary.to_dict(), "html": str(written) if written else None})
     print_report_lines(view)
     base, rec = view.baseline_trial, view.recommended_trial
     table = Table("", f"vLLM default (trial {base})" if base is not None else "vLLM default",
@@ -70,8 +77,10 @@ def study_report(
 # --- tuner compare ---------------------------------------------------------------------------------------
 
 
-def _compare_rows(result) -> list[tuple[str, list[str]]]:
-    """(what, one cell per value) rows of the side-by-side table."""
+def _compare_rows(result: CompareResult) -> list[tuple[str | Text, list]]:
+    """(what, one cell per value) rows of the side-by-side table: after a load search, each value's capacity
+    first, then what its probe at the reference load measured."""
+    from tuner.describe import capacity_line
 
     def cells(fn) -> list[str]:
         out = []
@@ -80,7 +89,18 @@ def _compare_rows(result) -> list[tuple[str, list[str]]]:
             out.append("-" if m is None else fn(m))
         return out
 
-    rows = [("state", [("ok" if run.served else Text(run.failure_class, style="red")) for run in result.runs])]
+    rows: list[tuple[str | Text, list]] = [
+        ("state", [("ok" if run.served else Text(str(run.failure_class), style="red")) for run in result.runs])]
+    searched = result.policy.mode == "search"
+    if searched:
+        rows += [
+            ("capacity req/s (x the trace's rate)",
+             ["-" if run.capacity is None else capacity_line(run.capacity) or Text("none", style="red")
+              for run in result.runs]),
+            ("how the search ended", ["-" if run.capacity is None else run.capacity.ended for run in result.runs]),
+            ("probes", [str(len(run.probes)) for run in result.runs]),
+            (Text("at the reference load", style="bold"), ["" for _ in result.runs]),
+        ]
     rows += [
         ("preemptions", cells(lambda m: f"{m.preemptions} ({m.preemptions_per_100:.1f} per 100)")),
         ("completed / requests", cells(lambda m: f"{m.completed} / {m.requests}")),
@@ -94,13 +114,15 @@ def _compare_rows(result) -> list[tuple[str, list[str]]]:
         ("KV usage peak", cells(lambda m: f"{m.kv_usage_peak:.0%}")),
     ]
     if result.boundary is not None:
-        rows.append((f"meets the {result.boundary.name} boundary",
+        rows.append((f"meets the {result.boundary.name} boundary" + (" there" if searched else ""),
                      [("-" if run.score is None else "yes" if run.score.feasible
                        else "no: " + "; ".join(run.score.violations)) for run in result.runs]))
     return rows
 
 
-def _run_dict(run) -> dict:
+def _run_dict(run: CompareRun) -> dict:
+    """One run as `--json` prints it and compare.json keeps it: its record, measurement (at the reference load),
+    score, and after a load search its judged probes and capacity."""
     record = run.record
     return {"label": run.label, "value": run.value, "served": run.served, "failure_class": run.failure_class,
             "failure": run.failure, "out_dir": str(run.out_dir) if run.out_dir else None,
@@ -108,7 +130,9 @@ def _run_dict(run) -> dict:
             "serve_command": record.serve_command if record else None,
             "trace": record.trace if record else None,
             "measurement": run.measurement.to_dict() if run.measurement else None,
-            "score": run.score.to_dict() if run.score else None}
+            "score": run.score.to_dict() if run.score else None,
+            "probes": [j.to_dict() for j in run.probes],
+            "capacity": run.capacity.to_dict() if run.capacity else None}
 
 
 def compare(
@@ -122,9 +146,9 @@ def compare(
     engine_arg: EngineArgOption = [],
     format: FormatOption = None, window: WindowOption = None, rate_scale: RateOption = None,
     max_requests: CapOption = None, fit: FitOption = None,
-    boundary: Annotated[str, typer.Option(help="Judge each value against this boundary: interactive or "
-                                               "batch.")] = "interactive",
-    limit: LimitOption = [],
+    boundary: BoundaryOption = "interactive", limit: LimitOption = [],
+    load: LoadOption = "search", precision: PrecisionOption = 0.1, probe_budget: ProbeBudgetOption = 6,
+    load_range: LoadRangeOption = None, probe_requests: ProbeRequestsOption = 100,
     out_dir: Annotated[Optional[Path], typer.Option("--out", help="Folder for each value's log and records.")] = None,
     startup_timeout: StartupTimeoutOption = 600.0, request_timeout: RequestTimeoutOption = 600.0,
     seed: PromptSeedOption = 0,
@@ -132,8 +156,10 @@ def compare(
 ) -> None:
     """One dimension at a time: the same trace at each value, side by side, with a plain verdict.
 
-    Everything else is held equal; the table shows preemptions, completed requests, TTFT, total response
-    time and queue time for each value."""
+    Everything else is held equal. By default each value's trial searches its capacity, the highest load that
+    passes the boundary; its probe ladder is printed and the verdict says which value carries more (about the
+    same within the search's precision). With --load fixed each value is replayed once and the verdict says what
+    the change did to preemptions, completed requests, total response time and queue time."""
     from tuner.compare import parse_vary, run_compare
     from tuner.models import default_model
     from tuner.paths import bundled_trace
@@ -144,6 +170,8 @@ def compare(
     base = EngineConfig.from_assignments(set_)
     variation = parse_vary(vary, base)
     bound = make_boundary(boundary, parse_limits(limit))
+    policy = load_policy(load, precision, probe_budget, load_range, probe_requests)
+    searched = policy.mode == "search"
     selection = trace_selection(window, max_requests, rate_scale, fit)
     model = model or default_model()
     trace = trace or bundled_trace()
@@ -154,17 +182,20 @@ def compare(
 
         def on_start(i: int, label: str, requests: int) -> None:
             state["label"] = f"{label} ({i + 1}/{len(variation.values)})"
-            progress.update(task, description=state["label"], completed=0, total=requests)
+            # A search's probes hold more requests than the trace, and how many probes is not known yet.
+            progress.update(task, description=state["label"], completed=0, total=None if searched else requests)
 
-        def on_run(run) -> None:
-            if not as_json:
+        def on_run(run: CompareRun) -> None:
+            if not as_json and run.capacity is not None:
+                err.print(f"{run.label}: {ladder_capacity_line(run.capacity)}", highlight=False)
+            elif not as_json:
                 m = run.measurement
                 what = (f"{m.completed}/{m.requests} completed, {m.preemptions} preemptions, p95 e2e "
                         f"{fmt(m.e2e_s.p95)} s" if run.served else (str(run.failure), "red"))
                 err.print(Text.assemble(f"{run.label}: ", what), highlight=False)
 
         result = run_compare(model=model, trace_path=trace, selection=selection, variation=variation,
-                             base_config=base, out_dir=out_dir, boundary=bound, format=format,
+                             base_config=base, out_dir=out_dir, boundary=bound, policy=policy, format=format,
                              startup_timeout_s=startup_timeout, request_timeout_s=request_timeout,
                              extra_args=tuple(engine_arg), seed=seed, on_start=on_start,
                              on_phase=lambda p: progress.update(task, description=f"{state['label']}: {p}"),
@@ -174,7 +205,7 @@ def compare(
     machine = {"hardware": first.hardware.to_dict(), "description": first.hardware.describe(),
                "vllm_version": first.vllm_version}
     summary = {"dimension": variation.name, "kind": variation.kind, "values": list(variation.values),
-               "fixed": base.to_dict(), "model": str(model), "boundary": bound.to_dict(),
+               "fixed": base.to_dict(), "model": str(model), "boundary": bound.to_dict(), "load": policy.to_dict(),
                "boundary_text": boundary_line(bound), "measured_on": machine,
                "runs": [_run_dict(r) for r in result.runs], "verdicts": result.verdicts, "out_dir": str(out_dir)}
     # Kept beside the runs' records, so the comparison can be read again without re-running it.
@@ -182,6 +213,9 @@ def compare(
     if as_json:
         print_json(summary)
     else:
+        for run in result.runs:
+            if run.capacity is not None:
+                print_probe_ladder(run.probes, run.capacity, title=f"{run.label}: load probes")
         table = Table("", *(r.label for r in result.runs), title=f"{variation.name}, one value at a time")
         for what, cells in _compare_rows(result):
             table.add_row(what, *cells)
@@ -195,6 +229,11 @@ def compare(
                   soft_wrap=True)
         out.print(f"held for every value: {', '.join(f'{k}={v}' for k, v in base.to_dict().items()) or 'vLLM defaults'}"
                   f"; judged against the {boundary_line(bound)} boundary", highlight=False, soft_wrap=True)
+        if searched:
+            out.print(f"capacity: the highest load each value passed the boundary at, searched to within "
+                      f"{policy.precision:.0%} in at most {policy.probe_budget} probes of at least "
+                      f"{policy.probe_requests} requests; the reference load is the trace at its selected rate",
+                      highlight=False, soft_wrap=True)
         out.print(f"records: {out_dir}/{COMPARE_FILE}, {out_dir}/<value>/measurement.json, requests.csv, server.log",
                   highlight=False)
     if not any(r.served for r in result.runs):

@@ -3,7 +3,6 @@ with a progress bar, a line per finished trial, and SIGINT or SIGTERM stopping t
 
 from __future__ import annotations
 
-import json
 import signal
 import threading
 import time
@@ -15,11 +14,12 @@ from typing import TYPE_CHECKING, Annotated, Callable, Optional
 import typer
 from rich.progress import Progress, TaskID
 
-from tuner.cli.options import (ArtifactsOption, JsonOption, RayAddressOption, ServerOption, StorageOption,
-                               StudyArgument, TokenFileOption, storage_plan)
+from tuner.cli.options import (ArtifactsOption, JsonOption, RayAddressOption, RepeatsOption, ServerOption,
+                               StorageOption, StudyArgument, TokenFileOption, TopOption, storage_plan)
 from tuner.cli.present import summary_line
 from tuner.console import err, out, print_json, progress_bar
 from tuner.errors import TunerError
+from tuner.validation import DEFAULT_REPEATS, DEFAULT_TOP
 
 if TYPE_CHECKING:  # annotations only: the commands load what they run when they run
     from tuner.study.events import RunEvent, RunReport, TrialStarted, TrialSummary
@@ -33,6 +33,9 @@ class RunSettings:
     trials: int | None  # None: as many as fit before stop_at
     parallel: int | None  # None: every free slot
     prune: bool
+    validate: bool  # validate the best configurations against vLLM's default once the trials are done
+    top: int  # finalists to validate
+    repeats: int  # launches of each, and of the default
     deadline: float | None  # start no trial that would end after this
     stop_at: float | None  # the --window's end: trials still running then are stopped
     window_s: float | None
@@ -108,6 +111,10 @@ def study_run(
                                                        "that would end after it, and stop any still running at "
                                                        "its end.")] = None,
     prune: Annotated[bool, typer.Option(help="Stop a trial once its boundary can no longer be met.")] = True,
+    validate: Annotated[bool, typer.Option(help="Then launch the best configurations and vLLM's default again, "
+                                                "interleaved, to state the gain with its interval (see `tuner "
+                                                "study validate`).")] = True,
+    top: TopOption = DEFAULT_TOP, repeats: RepeatsOption = DEFAULT_REPEATS,
     heartbeat: Annotated[int, typer.Option(min=1, help="Seconds between a running trial's heartbeats.")] = 30,
     grace: Annotated[int, typer.Option(min=1, help="Seconds of silence after which a trial counts as "
                                                    "interrupted and is re-run.")] = 90,
@@ -118,8 +125,9 @@ def study_run(
                                                                       "follows its runs so).")] = None,
 ) -> None:
     """Run trials of a study on Ray workers: each launches vLLM, replays the trace, and is scored under the
-    boundary. SIGINT or SIGTERM stops the trials in flight and records them as stopped (a second one does not
-    wait for that); the run then exits 130."""
+    boundary; then validate the best against vLLM's default (unless --no-validate). SIGINT or SIGTERM stops the
+    trials in flight and records them as stopped (a second one does not wait for that); the run then exits
+    130."""
     if server:
         # The service's runs join its own Ray cluster with its own heartbeat settings. RAY_ADDRESS from the
         # environment is left alone: only what was typed on this command line is refused.
@@ -139,19 +147,52 @@ def study_run(
     deadline = _deadline(timeout, until)
     if trials is None and stop_at is None:
         trials = 8
-    settings = RunSettings(name=name, trials=trials, parallel=parallel, prune=prune, deadline=deadline,
-                           stop_at=stop_at, window_s=window_s, ray_address=ray_address, heartbeat_s=heartbeat,
-                           grace_s=grace, storage=storage, artifacts=artifacts, events=events, server=server,
-                           token_file=token_file)
+    settings = RunSettings(name=name, trials=trials, parallel=parallel, prune=prune, validate=validate, top=top,
+                           repeats=repeats, deadline=deadline, stop_at=stop_at, window_s=window_s,
+                           ray_address=ray_address, heartbeat_s=heartbeat, grace_s=grace, storage=storage,
+                           artifacts=artifacts, events=events, server=server, token_file=token_file)
     with progress_bar(as_json) as progress:
         shown = RunProgress(progress, name, trials, as_json)
         result = _run_on_service(settings, shown) if server else _run_here(settings, shown)
+    _print_report(result, name, as_json)
+    if shown.signalled:
+        raise typer.Exit(130)
+
+
+def _print_report(result: RunReport, name: str, as_json: bool) -> None:
     if as_json:
         print_json(result.to_dict())
-    else:
-        if result.stopped_early:
-            out.print(f"stopped after {len(result.trials)} trials: {result.stopped_early}")
-        out.print(f"see `tuner study best {name}`")
+        return
+    if result.stopped_early:
+        out.print(f"stopped after {len(result.trials)} trials: {result.stopped_early}")
+    if result.validation:
+        out.print(result.validation, highlight=False, soft_wrap=True)
+    out.print(f"see `tuner study best {name}`")
+
+
+def study_validate(
+    name: StudyArgument,
+    top: TopOption = DEFAULT_TOP, repeats: RepeatsOption = DEFAULT_REPEATS,
+    against_itself: Annotated[bool, typer.Option(help="An A/A check: launch vLLM's default against itself, whose "
+                                                      "interval must include 1.")] = False,
+    parallel: Annotated[Optional[int], typer.Option(min=1, help="Launches in flight at once; default: every free "
+                                                                "slot.")] = None,
+    ray_address: RayAddressOption = None,
+    timeout: Annotated[Optional[float], typer.Option(help="Start no launch that would end after S seconds.")] = None,
+    storage: StorageOption = None, artifacts: ArtifactsOption = None, as_json: JsonOption = False,
+) -> None:
+    """Launch vLLM's default configuration and the study's best configurations again, --repeats times each in
+    interleaved order (A B C A B C ...), each a full measurement stored as a validation trial; then state the
+    best's gain over the default with its 95% interval, or that the default should be kept. Validation trials do
+    not count as search trials. SIGINT or SIGTERM stops it as it stops `study run`."""
+    settings = RunSettings(name=name, trials=0, parallel=parallel, prune=True, validate=True, top=top,
+                           repeats=repeats, deadline=_deadline(timeout, None), stop_at=None, window_s=None,
+                           ray_address=ray_address, heartbeat_s=30, grace_s=90, storage=storage,
+                           artifacts=artifacts, events=None, server=None, token_file=None)
+    with progress_bar(as_json) as progress:
+        shown = RunProgress(progress, name, None, as_json)
+        result = _run_here(settings, shown, against_itself=against_itself)
+    _print_report(result, name, as_json)
     if shown.signalled:
         raise typer.Exit(130)
 
@@ -170,18 +211,18 @@ def _stop_on_signals(stop_run: Callable[[str], None], signalled: list[str]) -> d
     return {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
 
 
-def _run_here(settings: RunSettings, shown: RunProgress) -> RunReport:
-    """Run the trials on Ray workers from this process."""
-    from tuner.study.events import PoolReady, TrialDone, TrialStarted
-    from tuner.study.runner import StudyRunner
+def _run_here(settings: RunSettings, shown: RunProgress, *, against_itself: bool = False) -> RunReport:
+    """Run the trials on Ray workers from this process, then the validation if asked."""
+    from tuner.study.events import LoggedEvent, PoolReady, RunReport, TrialDone, TrialStarted, event_line
+    from tuner.study.runner import NothingToValidate, StudyRunner
 
     plan = storage_plan(settings.storage, settings.artifacts, heartbeat_interval_s=settings.heartbeat_s,
                         grace_period_s=settings.grace_s)
     log = open(settings.events, "a", buffering=1) if settings.events else None
 
-    def record(kind: str, data: dict) -> None:
+    def record(event: LoggedEvent) -> None:
         if log is not None:
-            log.write(json.dumps({"kind": kind, **data}) + "\n")
+            log.write(event_line(event))
 
     replaced: dict = {}
 
@@ -192,16 +233,31 @@ def _run_here(settings: RunSettings, shown: RunProgress) -> RunReport:
                 replaced.update(_stop_on_signals(runner.stop, shown.signalled))
                 shown.describe(f"study {settings.name} ({slots} slots)")
             case TrialStarted():
-                record("trial_started", event.to_dict())
+                record(event)
                 shown.started(event)
             case TrialDone(summary=summary):
-                record("trial_done", {"summary": summary.to_dict()})
+                record(event)
                 shown.done(summary)
 
     runner = StudyRunner(settings.name, plan, prune=settings.prune, parallel=settings.parallel,
                          ray_address=settings.ray_address, on_event=on_event)
     try:
-        report = runner.run(settings.trials, settings.deadline, stop_at=settings.stop_at)
+        report = runner.run(settings.trials, settings.deadline, stop_at=settings.stop_at) if settings.trials != 0 \
+            else RunReport()
+        if settings.validate and report.stopped_early is None and not shown.signalled:
+            what = "vLLM's default against itself" if against_itself else "the best against vLLM's default"
+            shown.describe(f"study {settings.name}: validating {what}, {settings.repeats} launches each")
+            try:
+                validation, checked = runner.validate(settings.top, settings.repeats, against_itself=against_itself,
+                                                      deadline=settings.deadline, stop_at=settings.stop_at)
+            except NothingToValidate as exc:
+                if settings.trials == 0:  # asked for by `study validate` itself: an error, not a note
+                    raise
+                report.validation = f"not validated: {exc}"
+            else:
+                report.trials += checked.trials  # the search's own stop (none) stays the run's
+                report.validation = (validation.sentence() if validation.complete else
+                                     f"not validated: the validation stopped ({checked.stopped_early})")
     finally:
         for sig, handler in replaced.items():
             signal.signal(sig, handler)
@@ -214,14 +270,15 @@ def _run_on_service(settings: RunSettings, shown: RunProgress) -> RunReport:
     """Start the run on the service and follow it. SIGINT or SIGTERM here stops it there, as a local run stops,
     and it is followed until it has (a second one stops following at once)."""
     from tuner.service_client import remote_studies
-    from tuner.study.events import RunReport, TrialStarted, TrialSummary
+    from tuner.supervisor import RunState
 
     name, server = settings.name, settings.server
     studies = remote_studies(server, settings.token_file)
     # The service's clock may differ from ours: it is sent the time left.
     timeout_s = None if settings.deadline is None else settings.deadline - time.time()
-    run = studies.start_run(name, settings.trials, settings.parallel, timeout_s, settings.window_s, settings.prune)
-    shown.describe(f"study {name} on {server} (run {run['id']})")
+    run = studies.start_run(name, settings.trials, settings.parallel, timeout_s, settings.window_s, settings.prune,
+                            settings.validate, settings.top, settings.repeats)
+    shown.describe(f"study {name} on {server} (run {run.id})")
     # The handler only notes the stop and the loop sends it: an HTTP call from within the handler could cut into
     # the loop's own request.
     stop_wanted = threading.Event()
@@ -231,28 +288,28 @@ def _run_on_service(settings: RunSettings, shown: RunProgress) -> RunReport:
     shown_done = 0
     try:
         while True:
-            for data in run["in_flight"]:
-                if data["number"] not in shown_started:
-                    shown_started.add(data["number"])
-                    shown.started(TrialStarted.from_dict(data))
-            for summary in run["finished"][shown_done:]:
-                shown.done(TrialSummary.from_dict(summary))
-            shown_done = len(run["finished"])
-            if run["state"] != "running":
+            for started in run.in_flight:
+                if started.number not in shown_started:
+                    shown_started.add(started.number)
+                    shown.started(started)
+            for summary in run.finished[shown_done:]:
+                shown.done(summary)
+            shown_done = len(run.finished)
+            if run.state is not RunState.RUNNING:
                 break
             if stop_wanted.is_set() and not stop_sent:
-                studies.stop_run(run["id"])
+                studies.stop_run(run.id)
                 stop_sent = True
-                shown.describe(f"study {name} on {server}: stopping run {run['id']}")
+                shown.describe(f"study {name} on {server}: stopping run {run.id}")
             time.sleep(1.0)
-            run = studies.run(run["id"])
+            run = studies.run(run.id)
     except KeyboardInterrupt:  # the second signal: stop following, but never leave the run going
         if not stop_sent:
-            studies.stop_run(run["id"])
+            studies.stop_run(run.id)
         raise
     finally:
         for sig, handler in replaced.items():
             signal.signal(sig, handler)
-    if run["state"] == "failed" or run["result"] is None:
-        raise TunerError(f"the run failed on the service: {run['error'] or run['state']}")
-    return RunReport.from_dict(run["result"])
+    if run.state is RunState.FAILED or run.result is None:
+        raise TunerError(f"the run failed on the service: {run.error or run.state}")
+    return run.result

@@ -9,11 +9,12 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from tuner.cli.options import (ArtifactsOption, JsonOption, LimitOption, ModelOption, RequestTimeoutOption,
+from tuner.cli.options import (ArtifactsOption, JsonOption, LimitOption, LoadOption, LoadRangeOption, ModelOption,
+                               PrecisionOption, ProbeBudgetOption, ProbeRequestsOption, RequestTimeoutOption,
                                ServerOption, SetOption, StartupTimeoutOption, StorageOption, StudyArgument,
                                TokenFileOption, TraceOption, study_answers)
-from tuner.cli.present import best_so_far_line, print_recommendation
-from tuner.cli.run import study_run
+from tuner.cli.present import best_so_far_line, default_line, print_recommendation
+from tuner.cli.run import study_run, study_validate
 from tuner.console import err, out, print_json
 from tuner.errors import TunerError
 
@@ -44,6 +45,8 @@ def study_create(
                                                "trials back, TPE otherwise), tpe, random or nsga2.")] = "bottleneck",
     seed: Annotated[Optional[int], typer.Option(help="Sampler seed.")] = None,
     request_timeout: RequestTimeoutOption = 600.0, startup_timeout: StartupTimeoutOption = 600.0,
+    load: LoadOption = "search", precision: PrecisionOption = 0.1, probe_budget: ProbeBudgetOption = 6,
+    load_range: LoadRangeOption = None, probe_requests: ProbeRequestsOption = 80,
     storage: StorageOption = None, artifacts: ArtifactsOption = None, as_json: JsonOption = False,
     server: ServerOption = None, token_file: TokenFileOption = None,
 ) -> None:
@@ -60,7 +63,9 @@ def study_create(
                                trace_latest=str(trace_latest) if trace_latest else None, warm_from=warm_from,
                                space=space, boundary=boundary, limits=limit, window=window, rate_scale=rate_scale,
                                max_requests=max_requests, fit=fit, sampler=sampler, seed=seed,
-                               request_timeout_s=request_timeout, startup_timeout_s=startup_timeout)
+                               request_timeout_s=request_timeout, startup_timeout_s=startup_timeout, load=load,
+                               precision=precision, probe_budget=probe_budget, load_range=load_range,
+                               probe_requests=probe_requests)
     except ValidationError as exc:  # the request's own limits (a name of 1 to 200 characters): bad usage
         first = exc.errors()[0]
         raise TunerError(f"{'.'.join(map(str, first['loc']))}: {first['msg']}") from None
@@ -83,6 +88,7 @@ def study_create(
 
 
 study_app.command("run")(study_run)
+study_app.command("validate")(study_validate)
 
 
 @study_app.command("enqueue")
@@ -117,12 +123,16 @@ def study_status(name: StudyArgument, storage: StorageOption = None,
         return print_json(data.to_dict())
     best = data.best
     table = Table(title=f"study {name} ({data.boundary})", show_header=False)
-    table.add_row("trials", str(data.trials))
+    table.add_row("trials", f"{data.trials}" + (f" ({data.validation_launches} of them validation launches)"
+                                                 if data.validation_launches else ""))
     for state, count in sorted(data.by_state.items()):
         table.add_row(f"  {state}", str(count))
     table.add_row("in flight", ", ".join(map(str, data.running)) or "-")
     table.add_row("waiting (enqueued)", ", ".join(map(str, data.waiting)) or "-")
     table.add_row("best so far", best_so_far_line(best) if best else "none feasible yet")
+    if data.baseline is not None:
+        table.add_row("vLLM's default", default_line(data.baseline))
+    table.add_row("validation", data.validation)
     out.print(table)
 
 

@@ -10,12 +10,20 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from tuner.cli.options import (CapOption, EngineArgOption, FitOption, FormatOption, PromptSeedOption, RateOption,
-                               ReplayedTraceOption, RequestTimeoutOption, ServedModelOption, SetOption,
-                               StartupTimeoutOption, WindowOption, trace_selection)
+from tuner.cli.options import (BoundaryOption, CapOption, EngineArgOption, FitOption, FormatOption, LimitOption,
+                               LoadOption, LoadRangeOption, PrecisionOption, ProbeBudgetOption, ProbeRequestsOption,
+                               PromptSeedOption, RateOption, ReplayedTraceOption, RequestTimeoutOption,
+                               ServedModelOption, SetOption, StartupTimeoutOption, WindowOption, load_policy,
+                               trace_selection)
+from tuner.cli.present import print_probe_ladder
 from tuner.console import fmt, out, print_json, progress_bar
 
 trial_app = typer.Typer(help="One engine configuration, launched and measured.", no_args_is_help=True)
+
+
+# Where a trial's queue figures came from (Measurement.queue_source), as its table says it.
+_QUEUE_SOURCES = {"per_request": "  (each request's own, from vLLM)",
+                  "histogram": "  (vLLM's histogram, interpolated in its buckets)"}
 
 
 def _trial_table(record) -> Table:
@@ -41,7 +49,8 @@ def _trial_table(record) -> Table:
         table.add_row("output tok/s", fmt(m.output_tps, 1))
         table.add_row("TTFT p50 / p95 / p99 s", " / ".join(fmt(v) for v in (m.ttft_s.p50, m.ttft_s.p95, m.ttft_s.p99)))
         table.add_row("e2e p50 / p95 / p99 s", " / ".join(fmt(v) for v in (m.e2e_s.p50, m.e2e_s.p95, m.e2e_s.p99)))
-        table.add_row("queue p50 / p95 s", f"{fmt(m.queue_s_p50)} / {fmt(m.queue_s_p95)}")
+        table.add_row("queue p50 / p95 s", f"{fmt(m.queue_s_p50)} / {fmt(m.queue_s_p95)}"
+                      + _QUEUE_SOURCES.get(m.queue_source, ""))
         table.add_row("preemptions", f"{m.preemptions} ({m.preemptions_per_100:.1f} per 100 requests)")
         table.add_row("running peak / mean", f"{m.running_peak:g} / {m.running_mean:.1f}")
         table.add_row("waiting peak / mean", f"{m.waiting_peak:g} / {m.waiting_mean:.1f}")
@@ -61,33 +70,58 @@ def trial_run(
     out_dir: Annotated[Optional[Path], typer.Option("--out", help="Folder for the log and records.")] = None,
     startup_timeout: StartupTimeoutOption = 600.0, request_timeout: RequestTimeoutOption = 600.0,
     seed: PromptSeedOption = 0,
+    boundary: BoundaryOption = "interactive",
+    limit: LimitOption = [],
+    load: LoadOption = "search", precision: PrecisionOption = 0.1, probe_budget: ProbeBudgetOption = 6,
+    load_range: LoadRangeOption = None, probe_requests: ProbeRequestsOption = 80,
     as_json: Annotated[bool, typer.Option("--json", help="Print the record as JSON.")] = False,
 ) -> None:
-    """Launch vLLM with one configuration, replay the trace open-loop, and print what users experienced."""
+    """Launch vLLM with one configuration and replay the trace open-loop against it: at several loads, to find
+    the highest that passes the boundary (its capacity), or once at the reference load (--load fixed). Prints
+    what users experienced at each."""
+    from tuner.capacity import JudgedProbe, capacity_of
+    from tuner.diagnosis import EngineCaps, limiting_resource
     from tuner.models import default_model, inspect_model
     from tuner.paths import bundled_trace
+    from tuner.scoring import boundary as named_boundary
+    from tuner.scoring import parse_limits
     from tuner.traces.selection import load_trace
     from tuner.workers.engine_config import EngineConfig
     from tuner.workers.trial import TrialSpec, run_trial
 
+    bound = named_boundary(boundary, parse_limits(limit))
+    policy = load_policy(load, precision, probe_budget, load_range, probe_requests)
     config = EngineConfig.from_assignments(set_)
     model = model or default_model()
     trace = trace or bundled_trace()
     info = inspect_model(model)
     loaded = load_trace(trace, trace_selection(window, max_requests, rate_scale, fit),
                         config.max_model_len or info.max_position_embeddings, format)
+    policy.refuse_undecidable(bound, len(loaded.requests))
     out_dir = out_dir or Path("runs") / datetime.now().strftime("trial-%Y%m%d-%H%M%S")
     spec = TrialSpec(model=model, trace=loaded, config=config, out_dir=out_dir, startup_timeout_s=startup_timeout,
-                     request_timeout_s=request_timeout, extra_args=tuple(engine_arg), seed=seed)
+                     request_timeout_s=request_timeout, extra_args=tuple(engine_arg), seed=seed,
+                     load=policy.plan(bound, below_reference=True))
     with progress_bar(as_json) as progress:
-        task = progress.add_task("preparing", total=len(loaded.requests))
+        task = progress.add_task("preparing", total=None)
         outcome = run_trial(spec, on_phase=lambda p: progress.update(task, description=p),
                             on_request_done=lambda _: progress.advance(task))
     record = outcome.record
+    judged = [JudgedProbe.of(run, bound) for run in outcome.probes]
+    capacity = (capacity_of(judged, policy, rate_scale or 1.0)
+                if policy.mode == "search" and judged else None)
+    held_by = limiting_resource(judged if capacity is not None else [], record.measurement,
+                                EngineCaps.of(config.to_dict(), record.hardware), ttft_limit_s=bound.ttft_p95_s)
     if as_json:
-        print_json(record.to_dict())
+        print_json({**record.to_dict(), "boundary": bound.to_dict(), "probes": [j.to_dict() for j in judged],
+                    "capacity": capacity.to_dict() if capacity else None,
+                    "limiting_resource": held_by.to_dict() if held_by else None})
     else:
         out.print(_trial_table(record))
+        if capacity is not None:
+            print_probe_ladder(judged, capacity)
+        if held_by is not None:
+            out.print(f"limited by {held_by.sentence}")
         out.print(f"records: {out_dir}/measurement.json, {out_dir}/requests.csv")
     if record.failure is not None:
         raise typer.Exit(1)

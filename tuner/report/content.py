@@ -12,8 +12,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from tuner.describe import boundary_line, hardware_line, recommendation_dict
+from tuner.capacity import JudgedProbe
+from tuner.describe import boundary_line, hardware_line, recommendation_dict, trial_limit
+from tuner.diagnosis import LimitingResource
 from tuner.report.data import ReportData
+from tuner.scoring import Capacity
 from tuner.storage import StoredTrial, StudySettings, TrialState
 from tuner.workers.measure import Measurement
 
@@ -82,20 +85,45 @@ class TrialRow:
     kv_tokens: int | None
     feasible: bool | None
     why: str
+    # In a study with a load search: the highest load that passed and each load probed, with its verdict. None
+    # in a study at a fixed load, whose rows read as they did before probes came.
+    capacity: Capacity | None = None
+    probes: list[JudgedProbe] | None = None
+    # What holds it back, at the load where it stops meeting the boundary; None for a trial that measured nothing.
+    limiting_resource: LimitingResource | None = None
 
     @property
     def label(self) -> str:
         """The trial's number, with its attempt after the first: `3 (attempt 2)`."""
         return str(self.trial) + (f" (attempt {self.attempt})" if self.attempt > 1 else "")
 
+    @property
+    def capacity_cells(self) -> tuple[str, str, str]:
+        """The capacity as the table prints it: req/s, times the trace's recorded rate, and how the search
+        ended with how many probes; "-" where there is none."""
+        c = self.capacity
+        if c is None:
+            return "-", "-", "-"
+        rate = f"x{c.rate_scale:.3g}" if c.rate_scale is not None else "-"
+        return number_text(c.rps), rate, f"{c.probes} probe{'s' if c.probes != 1 else ''}: {c.ended}"
+
     def to_dict(self) -> dict[str, Any]:
-        """The row as JSON-ready data, keys in field order."""
-        return {**asdict(self), "state": self.state.value}
+        """The row as JSON-ready data, keys in field order; `capacity` and `probes` (each with its verdict and
+        reasons) only in a study with a load search."""
+        data = {**asdict(self), "state": self.state.value}
+        if self.probes is None:
+            del data["capacity"], data["probes"]
+        else:
+            data.update(capacity=self.capacity.to_dict() if self.capacity else None,
+                        probes=[p.to_dict() for p in self.probes])
+        data["limiting_resource"] = self.limiting_resource.to_dict() if self.limiting_resource else None
+        return data
 
 
 def trial_rows(data: ReportData) -> list[TrialRow]:
     """Every trial, in the study's order."""
     shared = common_settings(data)
+    searched = data.searched
     rows = []
     for t in data.trials:
         config = t.engine_config.to_dict()
@@ -108,7 +136,9 @@ def trial_rows(data: ReportData) -> list[TrialRow]:
             e2e_p95_s=_measured(t, lambda m: m.e2e_s.p95), queue_s_mean=_measured(t, lambda m: m.queue_s_mean),
             inference_s_mean=_measured(t, lambda m: m.inference_s_mean),
             preemptions=_measured(t, lambda m: m.preemptions), kv_tokens=data.kv_tokens.get(t.trial_number),
-            feasible=t.score.feasible if t.state is TrialState.COMPLETE and t.score else None, why=_why(t)))
+            feasible=t.score.feasible if t.state is TrialState.COMPLETE and t.score else None, why=_why(t),
+            capacity=data.capacity(t) if searched else None, probes=list(t.probes) if searched else None,
+            limiting_resource=trial_limit(t, data.boundary)))
     return rows
 
 
@@ -235,19 +265,7 @@ def recommendation_lines(data: ReportData) -> list[str]:
              f"Completed {m.completed}/{m.requests} at {t.scored.completed_rps:.3f} req/s, "
              f"p95 TTFT {number_text(m.ttft_s.p95)} s, p95 end-to-end {t.scored.e2e_p95_s:.3f} s, "
              f"{m.preemptions} preemptions."]
-    base = rec.baseline
-    if base is None:
-        lines.append("vLLM's default configuration was not run in this study.")
-    elif rec.gain is None:
-        lines.append(f"vLLM's default configuration (trial {base.trial_number}) gave no score to compare: "
-                     f"{base.failure_class or ('infeasible' if base.state is TrialState.COMPLETE else base.state)}.")
-    elif base.trial_number == t.trial_number:
-        lines.append("vLLM's default configuration is itself the recommendation: no trial beat it.")
-    else:
-        g = rec.gain
-        lines.append(f"Against vLLM's default configuration (trial {base.trial_number}): completed throughput "
-                     f"x{g['completed_rps_ratio']:.2f}, p95 end-to-end x{g['e2e_p95_ratio']:.2f}"
-                     f"{'' if base.feasible else ' (the default broke the boundary)'}.")
+    lines.append(rec.gain_sentence(report=True))
     return lines
 
 

@@ -15,8 +15,9 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tuner.capacity import capacity_of
 from tuner.kv_budget import logged_kv_tokens
-from tuner.scoring import Boundary, boundary
+from tuner.scoring import Boundary, Capacity, boundary
 from tuner.storage import StoredTrial, StudyModel, StudySettings
 # The report reads studies (tuner.study.plan, .recommendation) and never imports the runner, nor Ray with it.
 from tuner.study.plan import load_optuna_study
@@ -115,7 +116,8 @@ class ReportData:
         return [(role, t) for role, t in (("default", base), ("recommended", rec)) if t is not None]
 
     def roles(self, t: StoredTrial) -> list[str]:
-        """What the trial is to the study: "default", "recommended" and "Pareto", in that order, as they apply."""
+        """What the trial is to the study: "default", "recommended", "Pareto" and, for a validation launch,
+        "validation N, round R", in that order, as they apply."""
         roles = []
         if self.baseline is not None and t.trial_number == self.baseline.trial_number:
             roles.append("default")
@@ -123,7 +125,25 @@ class ReportData:
             roles.append("recommended")
         if t.trial_number in self.pareto:
             roles.append("Pareto")
+        if t.validation is not None:
+            of = "vLLM's default" if t.validation.default else f"trial {t.validation.of_trial}"
+            roles.append(f"validation {t.validation.run}, round {t.validation.round}: {of}")
         return roles
+
+    @property
+    def searched(self) -> bool:
+        """Whether any trial probed its loads (a study with a load search); False for a study at a fixed load."""
+        return any(t.probes for t in self.trials)
+
+    def capacity(self, t: StoredTrial) -> Capacity | None:
+        """The trial's capacity as it was scored; for a trial whose probes were kept but which was not scored
+        (pruned, or its engine died during a later probe), summed up again from those probes; None for a trial
+        without probes."""
+        if t.scored is not None and t.scored.capacity is not None:
+            return t.scored.capacity
+        if not t.probes:
+            return None
+        return capacity_of(t.probes, self.settings.load, self.settings.trace_selection.rate_scale or 1.0)
 
     @cached_property
     def pareto(self) -> frozenset[int]:
@@ -173,14 +193,15 @@ def quiet_optuna() -> Iterator[None]:
 
 
 def pareto_study(trials: Sequence[StoredTrial]) -> optuna.Study:
-    """An in-memory Optuna study of the scored trials (numbered as in the real study), so that the
-    Pareto front is Optuna's own and launch-less rejections do not stretch the axes."""
+    """An in-memory Optuna study of the scored search trials (numbered as in the real study), so that the
+    Pareto front is Optuna's own, and neither launch-less rejections nor validation launches (repeats of
+    configurations already on it) stretch the axes or crowd the front."""
     import optuna
     from optuna.trial import TrialState, create_trial
 
     with quiet_optuna():
         study = optuna.create_study(directions=["maximize", "minimize"])
-    scored = {t.trial_number: t for t in trials if t.scored is not None}
+    scored = {t.trial_number: t for t in trials if t.scored is not None and t.validation is None}
     last = max((t.trial_number for t in trials), default=-1)
     for number in range(last + 1):
         t = scored.get(number)
@@ -190,6 +211,6 @@ def pareto_study(trials: Sequence[StoredTrial]) -> optuna.Study:
         attrs = {"config": config_text(t.engine_config), "preemptions": t.measurement.preemptions}
         if t.scored.violations:
             attrs["violations"] = t.scored.violations
-        study.add_trial(create_trial(values=[t.scored.completed_rps, t.scored.e2e_p95_s], user_attrs=attrs,
+        study.add_trial(create_trial(values=list(t.scored.objectives), user_attrs=attrs,
                                      constraints=dict(t.scored.constraints or {"feasible": 0.0})))
     return study

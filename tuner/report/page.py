@@ -14,8 +14,8 @@ from tuner.describe import boundary_line
 from tuner.report.content import (common_settings, measured_on, number_text, recommendation_lines, side_by_side,
                                   trace_line, trial_count_line, trial_rows)
 from tuner.report.data import ReportData, config_text
-from tuner.report.figures import (output_lengths_figure, pareto_figure, preemption_figure, time_split_figure,
-                                  timeline_figure)
+from tuner.report.figures import (load_curve_figure, output_lengths_figure, pareto_figure, preemption_figure,
+                                  time_split_figure, timeline_figure)
 
 if TYPE_CHECKING:
     from plotly.graph_objects import Figure
@@ -32,6 +32,7 @@ class _Plots(NamedTuple):
     """Each plot's HTML, None where the study has nothing to draw in it."""
 
     pareto: Markup | None
+    load_curves: Markup | None  # None in a study at a fixed load: the page then leaves the section out
     preemptions: Markup | None
     time_split: Markup | None
     timelines: Markup | None
@@ -56,6 +57,7 @@ def render_html(data: ReportData) -> str:
     base, rec = data.baseline, data.recommended
     shared = common_settings(data)
     plots = _Plots(pareto=_plot_html(pareto_figure(data), "pareto"),
+                   load_curves=_plot_html(load_curve_figure(data), "load_curves"),
                    preemptions=_plot_html(preemption_figure(data), "preemptions"),
                    time_split=_plot_html(time_split_figure(data), "time_split"),
                    timelines=_plot_html(timeline_figure(data), "timelines"),
@@ -71,6 +73,7 @@ def render_html(data: ReportData) -> str:
         serve_commands=[(role, t.serve_command) for role, t in (("vLLM default", base), ("recommended", rec))
                         if t is not None],
         shared_settings=config_text(shared) if shared else None, trial_rows=trial_rows(data), plots=plots,
+        searched=data.searched,
         no_timeline=NO_TIMELINE, timeline_note=f"{NO_TIMELINE} for {', '.join(missing)}" if missing else None,
         # plotly.js itself, inlined as it is: escaping would break the script.
         plotly_js=Markup(get_plotlyjs()))

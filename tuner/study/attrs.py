@@ -6,3 +6,4 @@ RERUN_ATTR = "rerun_of"  # a configuration re-run because its worker was lost or
 WARM_START_ATTR = "warm_start_from"  # a configuration carried over from an earlier study
 KV_PREDICTION_ATTR = "kv_prediction"  # a launched trial's estimated KV cache (KvPrediction.to_dict())...
 KV_LOGGED_ATTR = "kv_logged_tokens"  # ...and the size vLLM then logged, beside its state and failure class
+VALIDATION_ATTR = "validation"  # a validation launch: its ValidationMark.to_dict() (tuner.validation)

@@ -14,7 +14,8 @@ from tuner.hardware import detect_hardware
 from tuner.kv_budget import DeviceMemory, ModelMemory, read_model_memory
 from tuner.models import ModelInfo, inspect_model
 from tuner.samplers import DEFAULT_SAMPLER, make_sampler
-from tuner.scoring import DIRECTIONS, OBJECTIVE_NAMES, Boundary, boundary
+from tuner.capacity import LoadPolicy
+from tuner.scoring import DIRECTIONS, OBJECTIVE_NAMES, SEARCH_OBJECTIVE_NAMES, Boundary, boundary
 from tuner.search_spaces import SearchSpace, SpaceContext, load_space, parse_space
 from tuner.search_spaces.derive import AUTO_SPACE, derive_space
 from tuner.storage import StudyModel, StudySettings
@@ -69,14 +70,16 @@ def machine_space_context(info: ModelInfo, memory: ModelMemory, trace: Trace, fi
 def create_study(name: str, *, model: str | Path, trace_path: str | Path, selection: TraceSelection,
                  space: str | Path, boundary_name: str, limits: dict, plan: StoragePlan, sampler: str = DEFAULT_SAMPLER,
                  seed: int | None = None, request_timeout_s: float = 600.0,
-                 startup_timeout_s: float = 600.0) -> StudySettings:
+                 startup_timeout_s: float = 600.0, load: LoadPolicy | None = None) -> StudySettings:
     """Check everything a run will need, then store the study and enqueue its baseline."""
     if not name or len(name) > 200:
         raise TunerError("a study name must be 1 to 200 characters")
     make_sampler(sampler, seed)
+    load = load or LoadPolicy()
     bound = boundary(boundary_name, limits)
     info = inspect_model(model)
     trace = load_trace(trace_path, selection)
+    load.refuse_undecidable(bound, len(trace.requests))
     memory = read_model_memory(model)
     space_context = machine_space_context(info, memory, trace, selection.fit)
     loaded_space = (derive_space(memory, space_context.device, trace, selection.fit).space
@@ -95,11 +98,12 @@ def create_study(name: str, *, model: str | Path, trace_path: str | Path, select
         model_info=StudyModel.of(info, memory),
         trace_path=str(Path(trace_path).resolve()), trace_sha256=trace.sha256, trace_selection=selection,
         boundary=bound.name, limits=limits, space_name=loaded_space.name, space_text=loaded_space.text,
-        sampler=sampler, seed=seed, request_timeout_s=request_timeout_s, startup_timeout_s=startup_timeout_s)
+        sampler=sampler, seed=seed, request_timeout_s=request_timeout_s, startup_timeout_s=startup_timeout_s,
+        load=load)
     repo.save_study(settings)
     repo.save_trace(trace, trace_stats(trace))
     study = optuna.create_study(study_name=name, storage=storage, directions=list(DIRECTIONS))
-    study.set_metric_names(list(OBJECTIVE_NAMES))
+    study.set_metric_names(list(SEARCH_OBJECTIVE_NAMES if load.mode == "search" else OBJECTIVE_NAMES))
     study.set_user_attr("boundary", bound.to_dict())
     study.set_user_attr("space", loaded_space.name)
     study.enqueue_trial({}, user_attrs={BASELINE_ATTR: True})

@@ -3,11 +3,12 @@ as it goes (`StudyRunner(on_event=...)`)."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from tuner.scoring import Score
-from tuner.storage import TrialState
+from tuner.storage import TrialState, ValidationMark
 from tuner.workers.engine_config import EngineConfig
 
 if TYPE_CHECKING:  # the pool imports Ray: only the runner, which makes one, loads it
@@ -29,35 +30,42 @@ class TrialSummary:
     score: Score | None = None
     failure_class: str | None = None
     reason: str | None = None  # failure message, prune reason or infeasibility
+    validation: ValidationMark | None = None  # a validation launch's mark; None for a search trial
 
     def to_dict(self) -> dict:
         """JSON-ready: what `tuner study run --json` and the run's events file hold for the trial."""
         return {"number": self.number, "state": self.state.value, "baseline": self.baseline,
                 "config": self.config.to_dict(), "score": self.score.to_dict() if self.score else None,
-                "failure_class": self.failure_class, "reason": self.reason}
+                "failure_class": self.failure_class, "reason": self.reason,
+                "validation": self.validation.to_dict() if self.validation else None}
 
     @classmethod
     def from_dict(cls, data: dict) -> TrialSummary:
         """The summary `to_dict` gave (as the service sends a run's progress)."""
+        mark = data.get("validation")
         return cls(data["number"], TrialState(data["state"]), data["baseline"], EngineConfig.from_dict(data["config"]),
-                   Score.from_dict(data["score"]) if data["score"] else None, data["failure_class"], data["reason"])
+                   Score.from_dict(data["score"]) if data["score"] else None, data["failure_class"], data["reason"],
+                   ValidationMark.from_dict(mark) if mark else None)
 
 
 @dataclass
 class RunReport:
-    """What a run did: every trial it ended, and why it stopped before its budget if it did."""
+    """What a run did: every trial it ended (validation launches included), why it stopped before its budget if it
+    did, and its validation's verdict (`Validation.sentence`) or why none was given (None: not asked for)."""
 
     trials: list[TrialSummary] = field(default_factory=list)
     stopped_early: str | None = None  # why fewer trials ran than asked
+    validation: str | None = None
 
     def to_dict(self) -> dict:
         """JSON-ready: what `tuner study run --json` prints."""
-        return {"trials": [t.to_dict() for t in self.trials], "stopped_early": self.stopped_early}
+        return {"trials": [t.to_dict() for t in self.trials], "stopped_early": self.stopped_early,
+                "validation": self.validation}
 
     @classmethod
     def from_dict(cls, data: dict) -> RunReport:
         """The report `to_dict` gave (as a run on the service hands it back)."""
-        return cls([TrialSummary.from_dict(t) for t in data["trials"]], data["stopped_early"])
+        return cls([TrialSummary.from_dict(t) for t in data["trials"]], data["stopped_early"], data.get("validation"))
 
 
 # The events, one record per kind.
@@ -75,6 +83,7 @@ class PoolReady:
 class TrialStarted:
     """A trial was asked of Optuna and is about to be checked and launched on a slot."""
 
+    KIND: ClassVar[str] = "trial_started"  # its `kind` in the run's events file
     number: int
     baseline: bool
     config: EngineConfig
@@ -106,7 +115,42 @@ class WorkerDone:
 class TrialDone:
     """A trial ended and was stored, whatever its state."""
 
+    KIND: ClassVar[str] = "trial_done"  # its `kind` in the run's events file
     summary: TrialSummary
+
+    def to_dict(self) -> dict:
+        """JSON-ready, as the run's events file holds it."""
+        return {"summary": self.summary.to_dict()}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> TrialDone:
+        """The event `to_dict` gave (other keys, such as the events file's `kind`, are left out)."""
+        return cls(TrialSummary.from_dict(data["summary"]))
 
 
 RunEvent = PoolReady | TrialStarted | WorkerDone | TrialDone  # what `on_event` is given
+
+
+# The run's events file (`tuner study run --events`): one JSON line per trial started or done, read by whoever
+# follows the run (the service's runs).
+LoggedEvent = TrialStarted | TrialDone
+_LOGGED: dict[str, type[TrialStarted] | type[TrialDone]] = {kind.KIND: kind for kind in (TrialStarted, TrialDone)}
+
+
+def logged_dict(event: LoggedEvent) -> dict:
+    """The event as its line of the events file holds it: its `to_dict` with its `kind`."""
+    return {"kind": event.KIND, **event.to_dict()}
+
+
+def event_line(event: LoggedEvent) -> str:
+    """The event as one line of the events file, newline included."""
+    return json.dumps(logged_dict(event)) + "\n"
+
+
+def read_event_line(line: str) -> LoggedEvent | None:
+    """The event one line of the events file holds; None for a line not whole yet (the one being written)."""
+    try:
+        data = json.loads(line)
+    except json.JSONDecodeError:
+        return None
+    return _LOGGED[data["kind"]].from_dict(data)

@@ -1,18 +1,21 @@
-"""A study's answer: the configuration it recommends under its boundary, beside vLLM's default one. Reading
-it needs the database only (no Ray, no engine)."""
+"""A study's answer: the configuration it recommends under its boundary, beside vLLM's default one, and the
+sentence that compares the two. Reading it needs the database only (no Ray, no engine); the records and the
+sentence import nothing heavy, so that the service's answers can carry them."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
-from tuner.scoring import Boundary, boundary
-from tuner.storage import Repository, StoredTrial, StudySettings, TrialState
 from tuner.study.attrs import BASELINE_ATTR
 
 if TYPE_CHECKING:
     import optuna
+
+    from tuner.validation import Validation
+
+    from tuner.scoring import Boundary, Capacity
+    from tuner.storage import Repository, StoredTrial, StudySettings
 
 
 # Completed throughput within this share of the best counts as a tie, settled by the lower p95: in an open
@@ -20,50 +23,160 @@ if TYPE_CHECKING:
 THROUGHPUT_TIE = 0.01
 
 
-@dataclass(frozen=True)
-class Recommendation:
-    """The configuration a study recommends under its boundary, and vLLM's default one to compare it with."""
-
-    trial: StoredTrial  # feasible: complete and scored
-    boundary: Boundary
-    baseline: StoredTrial | None  # vLLM's default configuration, as run first
+class ComparedDefault(Protocol):
+    """What the gain sentence needs of vLLM's default configuration as run: its trial number, how it ended
+    (a trial state's value), its failure class if it failed, and whether it met the boundary. `DefaultRun` and
+    the service's answer (`tuner.studies.BaselineAnswer`) both provide it."""
 
     @property
-    def gain(self) -> dict[str, float] | None:
-        """Throughput and p95 of the recommendation over the baseline's, when the baseline was scored."""
-        base = self.baseline.scored if self.baseline is not None else None
-        if base is None or not base.completed_rps:
+    def trial(self) -> int:
+        """The default's trial number."""
+        ...
+
+    @property
+    def state(self) -> str:
+        """How its trial ended: a TrialState's value."""
+        ...
+
+    @property
+    def failure_class(self) -> str | None:
+        """Its failure class; None unless it failed."""
+        ...
+
+    @property
+    def feasible(self) -> bool:
+        """Whether it completed, was scored and met the boundary."""
+        ...
+
+
+@dataclass(frozen=True)
+class DefaultRun:
+    """vLLM's default configuration as a study ran it, as far as a comparison needs (see `ComparedDefault`)."""
+
+    trial: int
+    state: str
+    failure_class: str | None
+    feasible: bool  # complete, scored and within the boundary
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """The configuration a study recommends under its boundary, vLLM's default one to compare it with, and the
+    validation that chose between them (None while the study was not validated)."""
+
+    trial: StoredTrial  # scored; the search trial of the validated winner, or vLLM's default when it stays
+    boundary: Boundary
+    baseline: StoredTrial | None  # vLLM's default configuration, as run first
+    validation: Validation | None = None
+
+    @property
+    def default_run(self) -> DefaultRun | None:
+        """The baseline as the gain sentence states it; None when the study did not run it."""
+        base = self.baseline
+        if base is None:
             return None
-        rec = self.trial.scored
-        return {"completed_rps_ratio": rec.completed_rps / base.completed_rps,
-                "e2e_p95_ratio": rec.e2e_p95_s / base.e2e_p95_s if base.e2e_p95_s else math.nan}
+        return DefaultRun(base.trial_number, base.state, base.failure_class, base.feasible)
+
+    def gain_sentence(self, *, report: bool = False) -> str:
+        """`gain_sentence` for this recommendation (the report's form with `report=True`)."""
+        verdict = self.validation.sentence() if self.validation is not None else None
+        return gain_sentence(self.default_run, verdict, self.trial.trial_number, report=report)
+
+
+def gain_sentence(default: ComparedDefault | None, validated: str | None, recommended: int, *,
+                  report: bool = False) -> str:
+    """The one sentence on a recommendation's (trial number `recommended`) gain over vLLM's default
+    configuration. A validated study states its validation's verdict (`validated`, `Validation.sentence`: the
+    gain with its 95% interval and repeats, and whether to keep the default). Otherwise no gain is stated, as one
+    measurement of each cannot give one: the sentence says "not validated", or why there is nothing to compare
+    (the default was not run, failed, or gave no score).
+
+    The command line's form (the default) is a clause; `report=True` gives the report's form: a sentence with a
+    capital and a full stop."""
+    if validated is not None:
+        text = validated
+    elif default is None:
+        text = "vLLM's default configuration was not run in this study; not validated"
+    elif default.trial == recommended:
+        text = (f"vLLM's default configuration (trial {default.trial}) is itself the best found, measured once: "
+                "not validated")
+    elif default.state != "complete":
+        why = default.failure_class or default.state
+        text = f"vLLM's default configuration (trial {default.trial}) gave no score to compare: {why}; not validated"
+    else:
+        broke = "" if default.feasible else ", and the default broke the boundary at your traffic"
+        text = (f"against vLLM's default configuration (trial {default.trial}): not validated, each was measured "
+                f"once{broke}; `tuner study validate` states the gain with its interval")
+    return f"{text[0].upper()}{text[1:]}." if report else text
+
+
+def capacity_sentence(capacity: Capacity, e2e_p95_s: float, reference_rps: float | None) -> str:
+    """What a searched configuration carries and what today's traffic gets from it: `carries 8.1 req/s (x5.6 the
+    trace's rate) within the boundary; at your traffic (2.9 req/s) p95 end-to-end is 5.8 s`."""
+    from tuner.describe import capacity_line
+
+    traffic = f"at your traffic ({reference_rps:.3g} req/s)" if reference_rps else "at your traffic"
+    load = capacity_line(capacity)
+    carried = (f"carries {load} within the boundary" if load is not None
+               else f"carries none of the loads probed within the boundary ({capacity.ended})")
+    return f"{carried}; {traffic} p95 end-to-end is {e2e_p95_s:.3g} s"
+
+
+def validation_terms(settings: StudySettings) -> tuple[bool, float]:
+    """How a study's validation launches are read: whether they searched their capacity, and the resolution of
+    what they measured (the load search's precision; at a fixed load, the throughput tie)."""
+    searched = settings.load.mode == "search"
+    return searched, settings.load.precision if searched else THROUGHPUT_TIE
 
 
 def find_baseline(trials: list[StoredTrial], optuna_study: optuna.Study) -> StoredTrial | None:
-    """vLLM's default configuration as run in the study: its completed run if any, else its first try."""
+    """vLLM's default configuration as run in the study: its completed run if any, else its first try; None
+    when the study has not run it."""
+    from tuner.storage import TrialState
+
     numbers = {t.number for t in optuna_study.get_trials(deepcopy=False) if t.user_attrs.get(BASELINE_ATTR)}
-    baselines = [t for t in trials if t.trial_number in numbers]
+    baselines = [t for t in trials if t.trial_number in numbers and t.validation is None]
     return next((t for t in baselines if t.state is TrialState.COMPLETE), baselines[0] if baselines else None)
 
 
 def recommend(repo: Repository, settings: StudySettings, optuna_study: optuna.Study) -> Recommendation | None:
-    """The feasible trial with the highest completed throughput (near-ties to the lower p95 latency)."""
+    """After a validation (the newest complete one), its winner: the finalist that carries more than vLLM's
+    default beyond noise, else the default. Before any, the feasible search trial with the highest capacity (at a
+    fixed load: completed throughput), near-ties going to the lower p95 latency at the reference load. With the
+    study's boundary and its baseline; None while no trial is feasible."""
+    from tuner.scoring import boundary
+    from tuner.validation import latest_validation
+
     trials = repo.trials(settings.name)
-    feasible = [t for t in trials if t.feasible]
     baseline = find_baseline(trials, optuna_study)
     bound = boundary(settings.boundary, settings.limits)
+    validation = latest_validation(trials, *validation_terms(settings))
+    if validation is not None:
+        winner = validation.winner
+        by_number = {t.trial_number: t for t in trials}
+        if winner.arm.of_trial is not None:
+            return Recommendation(by_number[winner.arm.of_trial], bound, baseline, validation)
+        # vLLM's default stays: as the search ran it, or else its first validation launch that was scored.
+        kept = baseline if baseline is not None and baseline.scored is not None else next(
+            (by_number[n] for n in winner.trials if by_number[n].scored is not None), None)
+        if kept is not None:
+            return Recommendation(kept, bound, baseline, validation)
+    feasible = [t for t in trials if t.feasible and t.validation is None]
     if not feasible:
         return None
-    top = max(t.scored.completed_rps for t in feasible)
-    contenders = [t for t in feasible if t.scored.completed_rps >= top * (1 - THROUGHPUT_TIE)]
-    best = min(contenders, key=lambda t: (t.scored.e2e_p95_s, -t.scored.completed_rps))
+    # Capacities within the search's precision cannot be told apart; completed throughputs within 1% neither.
+    tie = settings.load.precision if settings.load.mode == "search" else THROUGHPUT_TIE
+    top = max(t.scored.objectives[0] for t in feasible)
+    contenders = [t for t in feasible if t.scored.objectives[0] >= top * (1 - tie)]
+    best = min(contenders, key=lambda t: (t.scored.e2e_p95_s, -t.scored.objectives[0]))
     return Recommendation(best, bound, baseline)
 
 
 def best_trials(repo: Repository, settings: StudySettings, optuna_study: optuna.Study) -> list[StoredTrial]:
-    """The feasible trials, the recommendation first and then by completed throughput."""
+    """The feasible trials, the recommendation first and then by capacity (at a fixed load, completed throughput)."""
     rec = recommend(repo, settings, optuna_study)
     if rec is None:
         return []
-    others = [t for t in repo.trials(settings.name) if t.feasible and t.trial_number != rec.trial.trial_number]
-    return [rec.trial, *sorted(others, key=lambda t: -t.scored.completed_rps)]
+    others = [t for t in repo.trials(settings.name)
+              if t.feasible and t.validation is None and t.trial_number != rec.trial.trial_number]
+    return [rec.trial, *sorted(others, key=lambda t: -t.scored.objectives[0])]

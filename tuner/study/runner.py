@@ -22,21 +22,26 @@ from optuna.trial import TrialState as OptunaState
 from sqlalchemy.exc import OperationalError
 
 from tuner.bottleneck import measurement_attrs
+from tuner.capacity import JudgedProbe, capacity_of
+from tuner.diagnosis import LIMITING_RESOURCE_ATTR, EngineCaps, limiting_resource
 from tuner.hardware import detect_hardware
 from tuner.kv_budget import KvPrediction, estimate_kv, logged_kv_tokens
 from tuner.pruning import BoundaryWatch
 from tuner.samplers import make_sampler
 from tuner.scoring import Rejection, Score, score
 from tuner.search_spaces import PREDICTED_KV_INSUFFICIENT
-from tuner.storage import DatabaseUnreachable, Repository, StoredTrial, StudySettings, TrialState
+from tuner.errors import TunerError
+from tuner.storage import DatabaseUnreachable, Repository, StoredTrial, StudySettings, TrialState, ValidationMark
 from tuner.storage.artifacts import attach_trial_artifacts
-from tuner.study.attrs import BASELINE_ATTR, KV_LOGGED_ATTR, KV_PREDICTION_ATTR, RERUN_ATTR
+from tuner.study.attrs import BASELINE_ATTR, KV_LOGGED_ATTR, KV_PREDICTION_ATTR, RERUN_ATTR, VALIDATION_ATTR
 from tuner.study.create import study_context
 from tuner.study.events import (NO_TIME_LEFT, WINDOW_END, PoolReady, RunEvent, RunReport, TrialDone, TrialStarted,
                                 TrialSummary, WorkerDone)
 from tuner.study.plan import StoragePlan
+from tuner.study.recommendation import validation_terms
 from tuner.traces.records import Trace
 from tuner.traces.selection import fit_trace
+from tuner.validation import Arm, Validation, interleaved, validations
 from tuner.workers.engine_config import EngineConfig
 from tuner.workers.pool import WorkerLost, WorkerPool, WorkerResult
 from tuner.workers.trial import ARTIFACTS, TrialOutcome, TrialSpec
@@ -99,6 +104,16 @@ def _attempt(study: optuna.Study, trial: optuna.Trial) -> int:
     return len(RetryHeartbeatStaleTrialCallback.retry_history(study.get_trials(deepcopy=False)[trial.number])) + 1
 
 
+def _mark(trial: optuna.Trial | FrozenTrial) -> ValidationMark | None:
+    """The validation mark of a validation launch; None for a search trial."""
+    data = trial.user_attrs.get(VALIDATION_ATTR)
+    return ValidationMark.from_dict(data) if data else None
+
+
+class NothingToValidate(TunerError):
+    """A study with no feasible configuration other than vLLM's default: there is no finalist to launch again."""
+
+
 def _expected_trial_s(repo: Repository, settings: StudySettings, trace_span_s: float) -> float:
     """How long the next trial will likely take: the median of the study's trials that served (a launch that
     failed fast says little); before any, of other studies' on the same model; before any, the trace's span,
@@ -121,6 +136,8 @@ class _InFlight:
     slot: int
     beat: _Heartbeat
     started_at: str  # ISO 8601, UTC
+    # The best capacity so far when it started, (against the reference load, req/s): its search tries that first.
+    best_capacity: tuple[float | None, float | None] = (None, None)
     slot_freed_at: float | None = None  # when the trial before it on this slot ended (time.time())
 
 
@@ -233,6 +250,48 @@ class StudyRunner:
                     job.beat.stop()
         return report
 
+    @_stops_when_the_database_is_lost
+    def validate(self, top: int, repeats: int, *, against_itself: bool = False, deadline: float | None = None,
+                 stop_at: float | None = None) -> tuple[Validation, RunReport]:
+        """Launch vLLM's default configuration and the `top` best feasible search trials' configurations (or, with
+        `against_itself`, the default twice: an A/A check) `repeats` times each, round by round, each launch a
+        trial marked as a validation launch; then judge them. Raises NothingToValidate when no configuration
+        other than the default is feasible. `deadline` and `stop_at` bound it as they bound `run`."""
+        trials = self.repo.trials(self.settings.name)
+        arms = [Arm(0, None)]
+        if against_itself:
+            arms.append(Arm(1, None))
+        else:
+            arms += [Arm(i, number) for i, number in enumerate(self._finalists(trials, top), start=1)]
+            if len(arms) == 1:
+                raise NothingToValidate(f"study {self.settings.name} has no feasible configuration other than "
+                                        f"vLLM's default to validate: keep the default")
+        run = max((t.validation.run for t in trials if t.validation is not None), default=0) + 1
+        frozen = self.study.get_trials(deepcopy=False)
+        # Configurations queued before (the baseline of a study not run yet, say) are asked first: they run too.
+        queued = sum(t.state is OptunaState.WAITING for t in frozen)
+        marks = interleaved(arms, repeats, run)
+        for mark in marks:
+            params = {} if mark.of_trial is None else dict(frozen[mark.of_trial].params)
+            self.study.enqueue_trial(params, user_attrs={VALIDATION_ATTR: mark.to_dict()}, skip_if_exists=False)
+        report = self.run(queued + len(marks), deadline, stop_at=stop_at)
+        judged = validations(self.repo.trials(self.settings.name), *validation_terms(self.settings))
+        return next(v for v in judged if v.run == run), report
+
+    def _finalists(self, trials: list[StoredTrial], top: int) -> list[int]:
+        """The trial numbers of the `top` feasible search trials by capacity (at a fixed load, completed
+        throughput), one per configuration, none of them vLLM's default."""
+        default = self.ctx.space.baseline()
+        baselines = {t.number for t in self.study.get_trials(deepcopy=False) if t.user_attrs.get(BASELINE_ATTR)}
+        seen: list[EngineConfig] = [default]
+        finalists = []
+        for t in sorted((t for t in trials if t.feasible and t.validation is None and t.trial_number not in baselines),
+                        key=lambda t: -t.scored.objectives[0]):
+            if t.engine_config not in seen and len(finalists) < top:
+                seen.append(t.engine_config)
+                finalists.append(t.trial_number)
+        return finalists
+
     def _stop_in_flight(self, pool: WorkerPool, in_flight: dict[ray.ObjectRef, _InFlight], reason: str,
                         report: RunReport) -> None:
         """Kill the workers of the trials in flight (each engine dies with its worker), then record each trial:
@@ -251,7 +310,8 @@ class StudyRunner:
                 del in_flight[ref]
 
     def _config(self, trial: optuna.Trial) -> tuple[EngineConfig, bool]:
-        baseline = bool(trial.user_attrs.get(BASELINE_ATTR))
+        mark = _mark(trial)
+        baseline = bool(trial.user_attrs.get(BASELINE_ATTR)) or (mark is not None and mark.default)
         return (self.ctx.space.baseline() if baseline else self.ctx.space.suggest(trial)), baseline
 
     def _start(self, pool: WorkerPool, slot: int) -> tuple[_InFlight, TrialSpec] | TrialSummary:
@@ -267,16 +327,27 @@ class StudyRunner:
         max_model_len = config.max_model_len or self.ctx.space_context.model_max_len
         self._record_prediction(trial, config, max_model_len)
         trace = fit_trace(self.ctx.trace, self.ctx.selection, max_model_len)
+        # The baseline and every validation launch run to the end and search their whole capacity (below your
+        # traffic too, never cut short by the best so far): gains are measured against them and between them.
+        whole = baseline or _mark(trial) is not None
+        best = (None, None) if whole else self._best_capacity()
         spec = TrialSpec(Path(self.settings.model), trace, config, self._trial_dir(number),
                          startup_timeout_s=self.settings.startup_timeout_s,
                          request_timeout_s=self.settings.request_timeout_s,
-                         # The baseline always runs to the end: every gain is measured against it.
-                         stop_rule=BoundaryWatch(self.ctx.boundary, trace.span_s)
-                         if self.prune and not baseline else None)
+                         stop_rule=BoundaryWatch(self.ctx.boundary) if self.prune and not whole else None,
+                         load=self.settings.load.plan(self.ctx.boundary, best_factor=best[0],
+                                                      below_reference=whole))
         # If this driver dies, the heartbeats stop and the next driver re-runs this configuration.
         beat = _Heartbeat(self.storage, trial._trial_id, self.plan.heartbeat_interval_s)
         started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
-        return _InFlight(trial, config, baseline, trace, slot, beat, started_at), spec
+        return _InFlight(trial, config, baseline, trace, slot, beat, started_at, best), spec
+
+    def _best_capacity(self) -> tuple[float | None, float | None]:
+        """The highest capacity among the study's feasible trials so far: (against the reference load, req/s)."""
+        found = [(t.score.capacity.factor, t.score.capacity.rps) for t in self.repo.trials(self.settings.name)
+                 if t.feasible and t.validation is None and isinstance(t.score, Score) and t.score.capacity is not None
+                 and t.score.capacity.factor is not None]
+        return max(found, default=(None, None))
 
     def _record_prediction(self, trial: optuna.Trial, config: EngineConfig, max_model_len: int) -> None:
         """The KV cache expected of a configuration that is launched (near the margin or not), so that the real
@@ -300,7 +371,7 @@ class StudyRunner:
         record = dataclasses.replace(result.outcome.record, log_path=str(out_dir / "server.log"))
         outcome = dataclasses.replace(result.outcome, record=record)
         attach_trial_artifacts(self.study, job.trial, [out_dir / name for name in ARTIFACTS], self.plan.artifact_dir)
-        return self._conclude(job.trial, job.config, job.baseline, outcome, job.trace)
+        return self._conclude(job.trial, job.config, job.baseline, outcome, job.trace, job.best_capacity)
 
     def _not_measured(self, trial: optuna.Trial | FrozenTrial, config: EngineConfig, state: TrialState,
                       rejection: Rejection | None = None, failure_class: str | None = None,
@@ -311,7 +382,8 @@ class StudyRunner:
             state=state, engine_config=config, serve_command=config.serve_command(self.settings.model),
             measurement=None, failure_class=failure_class, failure_message=message, log_excerpt=None,
             estimated_max_model_len=None, exit_code=None, timings=None, hardware=detect_hardware(),
-            vllm_version="", started_at=started_at or now, finished_at=now, score=rejection, prune_reason=None), [])
+            vllm_version="", started_at=started_at or now, finished_at=now, score=rejection, prune_reason=None,
+            validation=_mark(trial)), [])
 
     def _record_interrupted(self) -> None:
         """Trials whose driver died mid-trial (failed by their stale heartbeat) into the project's tables, so that
@@ -339,10 +411,11 @@ class StudyRunner:
                            started_at=job.started_at)
         self.study.tell(trial, state=OptunaState.FAIL)
         if not trial.user_attrs.get(RERUN_ATTR):
-            attrs = {RERUN_ATTR: trial.number, **({BASELINE_ATTR: True} if job.baseline else {})}
+            attrs = {RERUN_ATTR: trial.number, **{k: trial.user_attrs[k] for k in (BASELINE_ATTR, VALIDATION_ATTR)
+                                                  if k in trial.user_attrs}}
             self.study.enqueue_trial(dict(trial.params), user_attrs=attrs, skip_if_exists=False)
         summary = TrialSummary(trial.number, state, job.baseline, job.config, failure_class=failure_class,
-                               reason=message)
+                               reason=message, validation=_mark(trial))
         self._emit(TrialDone(summary))
         return summary
 
@@ -362,16 +435,23 @@ class StudyRunner:
         trial.set_user_attr("objective_values", "not measured: rejected before launch")
         self.study.tell(trial, [0.0, self.settings.request_timeout_s])
         summary = TrialSummary(trial.number, TrialState.INFEASIBLE, baseline, config, failure_class=predicted,
-                               reason="; ".join(violations))
+                               reason="; ".join(violations), validation=_mark(trial))
         self._emit(TrialDone(summary))
         return summary
 
     def _conclude(self, trial: optuna.Trial, config: EngineConfig, baseline: bool, outcome: TrialOutcome,
-                  trace: Trace) -> TrialSummary:
+                  trace: Trace, best_capacity: tuple[float | None, float | None] = (None, None)) -> TrialSummary:
         record = outcome.record
         m = record.measurement
         scored: Score | None = None
         failure_class = reason = None
+        judged = [JudgedProbe.of(run, self.ctx.boundary) for run in outcome.probes] \
+            if self.settings.load.mode == "search" else []
+        capacity = None
+        if judged:
+            capacity = capacity_of(judged, self.settings.load, self.ctx.selection.rate_scale or 1.0, *best_capacity)
+            trial.set_user_attr("capacity_rps", capacity.rps)
+            trial.set_user_attr("capacity_search", capacity.ended)
         if record.failure is not None:
             state, failure_class, reason = TrialState.FAILED, record.failure.kind.value, record.failure.message
             trial.set_user_attr("failure_class", failure_class)
@@ -386,7 +466,7 @@ class StudyRunner:
             trial.set_user_attr("failure_class", failure_class)
         else:
             state = TrialState.COMPLETE
-            scored = score(m, self.ctx.boundary, trace.span_s)
+            scored = score(m, self.ctx.boundary, trace.span_s, capacity, judge_pace=bool(judged))
             for key, value in scored.constraints.items():
                 trial.set_constraint(key, value)
             trial.set_user_attr("feasible", scored.feasible)
@@ -395,6 +475,10 @@ class StudyRunner:
         if m is not None:
             for key, value in measurement_attrs(m).items():
                 trial.set_user_attr(key, value)
+        held_by = limiting_resource(judged, m, EngineCaps.of(config.to_dict(), record.hardware),
+                                    ttft_limit_s=self.ctx.boundary.ttft_p95_s)
+        if held_by is not None:  # for the dashboard: the kind, the load, the figures and a sentence
+            trial.set_user_attr(LIMITING_RESOURCE_ATTR, held_by.to_dict())
         trial.set_user_attr("startup_s", record.timings.startup_s)
         if KV_PREDICTION_ATTR in trial.user_attrs:
             try:
@@ -406,12 +490,13 @@ class StudyRunner:
         stored = StoredTrial.from_record(
             self.settings.name, trial.number, record, state=state, attempt=_attempt(self.study, trial),
             score=scored, prune_reason=record.stop_reason,
-            finished_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+            finished_at=datetime.now(timezone.utc).isoformat(timespec="seconds"), probes=judged,
+            validation=_mark(trial))
         self.repo.save_trial(stored, outcome.requests)
         if scored is not None:
             self.study.tell(trial, list(scored.objectives))
         else:
             self.study.tell(trial, state=OptunaState.PRUNED if state is TrialState.PRUNED else OptunaState.FAIL)
-        summary = TrialSummary(trial.number, state, baseline, config, scored, failure_class, reason)
+        summary = TrialSummary(trial.number, state, baseline, config, scored, failure_class, reason, _mark(trial))
         self._emit(TrialDone(summary))
         return summary

@@ -24,7 +24,8 @@ class TraceRequest:
 class Transformation:
     """A change applied to the trace as read, kept so that a result says what was replayed."""
 
-    kind: str  # "window", "rate_scale", "max_requests", "fit_clip", "fit_scale", "drop_failed"
+    # "window", "rate_scale", "max_requests", "fit_clip", "fit_scale", "drop_failed", "repeat"
+    kind: str
     params: dict[str, Any]
     affected: int  # requests dropped or changed by this step
 
@@ -35,6 +36,7 @@ class Transformation:
         return f"{self.kind}({args})"
 
     def describe(self) -> str:
+        """The step and how many requests it changed, e.g. `window(start_s=0, end_s=60): 12 requests affected`."""
         return f"{self.label}: {self.affected} requests affected"
 
 
@@ -50,7 +52,15 @@ class Trace:
 
     @property
     def span_s(self) -> float:
+        """Seconds from the first arrival to the last (0 without requests)."""
         return self.requests[-1].arrival_s - self.requests[0].arrival_s if self.requests else 0.0
 
+    @property
+    def rate_rps(self) -> float:
+        """Requests per second over the span (requests / span); 0 when the span is 0."""
+        span = self.span_s
+        return len(self.requests) / span if span > 0 else 0.0
+
     def with_step(self, requests: tuple[TraceRequest, ...], step: Transformation) -> Trace:
+        """A copy holding `requests` instead, with `step` added to its transformations."""
         return replace(self, requests=requests, transformations=self.transformations + (step,))

@@ -35,6 +35,7 @@ class TraceSelection:
                    rate_scale=rate_scale, fit=fit)
 
     def to_dict(self) -> dict:
+        """As stored with the study (its `trace_selection` column): JSON-ready, the window as a pair or None."""
         return asdict(self)
 
     @classmethod

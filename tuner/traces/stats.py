@@ -36,6 +36,7 @@ class TraceStats:
     prefix_block_share: float  # share of prefix blocks that repeat an earlier block id
 
     def to_dict(self) -> dict[str, Any]:
+        """Every field, JSON-ready."""
         return asdict(self)
 
 
@@ -69,7 +70,7 @@ def trace_stats(trace: Trace) -> TraceStats:
     return TraceStats(
         requests=len(trace.requests),
         span_s=span,
-        rate_rps=len(trace.requests) / span if span > 0 else 0.0,
+        rate_rps=trace.rate_rps,
         gap_cv=_gap_cv([r.arrival_s for r in trace.requests]),
         input_p50=percentile(inputs, 50),
         input_p95=percentile(inputs, 95),

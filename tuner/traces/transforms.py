@@ -40,6 +40,27 @@ def scale_rate(trace: Trace, factor: float) -> Trace:
     return _apply(trace, scaled, "rate_scale", {"factor": factor}, changed)
 
 
+def repeat(trace: Trace, min_requests: int, min_span_s: float) -> Trace:
+    """The trace followed by copies of itself until it holds at least `min_requests` requests and spans at least
+    `min_span_s`: each copy starts one mean gap after the previous one ends, so the rate stays the trace's. A
+    copy's prefix blocks get ids of their own: a copy shares prefixes within itself as the original does, and
+    never with another copy (the cache would otherwise credit the repetition, not the traffic)."""
+    requests = trace.requests
+    if len(requests) < 2 or trace.span_s <= 0:
+        raise TunerError("a trace of fewer than two requests, or of a zero span, cannot be repeated at its rate")
+    period = trace.span_s * len(requests) / (len(requests) - 1)  # the span plus one mean gap
+    by_span = math.ceil((min_span_s - trace.span_s) / period) + 1 if min_span_s > trace.span_s else 1
+    copies = max(-(-min_requests // len(requests)), by_span)
+    if copies == 1:
+        return trace
+    block_ids = [b for r in requests for b in r.prefix_blocks]
+    stride = max(block_ids) + 1 if block_ids else 0
+    repeated = [replace(r, arrival_s=r.arrival_s + k * period,
+                        prefix_blocks=tuple(b + k * stride for b in r.prefix_blocks))
+                for k in range(copies) for r in requests]
+    return _apply(trace, repeated, "repeat", {"copies": copies}, len(repeated) - len(requests))
+
+
 def cap_requests(trace: Trace, n: int) -> Trace:
     """The first n requests."""
     kept = trace.requests[: max(n, 0)]

@@ -1,0 +1,61 @@
+"""What a proposal is judged against: the platform's support (PLATFORMS), and the trace, model and device of a
+run (SpaceContext)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from tuner.errors import TunerError
+from tuner.kv_budget import DeviceMemory, ModelMemory
+from tuner.traces.transforms import FIT_MODES
+
+if TYPE_CHECKING:
+    from tuner.models import ModelInfo
+    from tuner.traces.records import Trace
+
+
+@dataclass(frozen=True)
+class PlatformSupport:
+    """What vLLM's build for one platform can run."""
+
+    dtypes: tuple[str, ...]
+    fp8_kv_cache: bool
+
+
+# The one table of platform support: vLLM's CPU backend has no float16 path and no fp8 KV cache on these machines.
+PLATFORMS = {
+    "cuda": PlatformSupport(dtypes=("auto", "half", "float16", "bfloat16", "float", "float32"), fp8_kv_cache=True),
+    "cpu": PlatformSupport(dtypes=("auto", "bfloat16", "float", "float32"), fp8_kv_cache=False),
+}
+
+
+@dataclass(frozen=True)
+class SpaceContext:
+    """What a proposal is judged against: the platform, the trace to replay, and the model."""
+
+    platform: str  # "cpu" or "cuda"
+    longest_request_tokens: int  # max input + output over the trace that will be replayed
+    fit: str | None  # "clip" or "scale": the trace is fitted to max_model_len, so a short context is allowed
+    model_max_len: int  # the model's max_position_embeddings
+    # The model's sizes and the device's memory: with both, a proposal whose estimated KV cache cannot hold one
+    # request of its max_model_len is refused before launch.
+    model_memory: ModelMemory | None = None
+    device: DeviceMemory | None = None
+
+    def __post_init__(self) -> None:
+        if self.platform not in PLATFORMS:
+            raise TunerError(f"platform must be one of {', '.join(PLATFORMS)}, got {self.platform!r}")
+        if self.fit is not None and self.fit not in FIT_MODES:
+            raise TunerError(f"fit must be one of {', '.join(FIT_MODES)} or unset, got {self.fit!r}")
+        if self.longest_request_tokens < 0:
+            raise TunerError(f"longest_request_tokens must be at least 0, got {self.longest_request_tokens}")
+        if self.model_max_len < 1:
+            raise TunerError(f"model_max_len must be at least 1, got {self.model_max_len}")
+
+    @classmethod
+    def for_run(cls, platform: str, model: ModelInfo, trace: Trace, fit: str | None,
+                model_memory: ModelMemory | None = None, device: DeviceMemory | None = None) -> SpaceContext:
+        """The context of replaying `trace` (as read, before any fitting) against `model` on `platform`."""
+        longest = max((r.input_tokens + r.output_tokens for r in trace.requests), default=0)
+        return cls(platform, longest, fit, model.max_position_embeddings, model_memory, device)

@@ -1,0 +1,90 @@
+"""The load search on real vLLM (CPU build, tiny model): probe ladders on one launch, capacities that tell a tight
+KV budget from a large one, and a load far beyond the engine failing as not kept up whatever the latency limits.
+
+Two launches serve every test here: the same configuration but for its KV budget, each searched from a
+reference load far above what either carries."""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+
+import pytest
+
+from conftest import NO_LATENCY_LIMIT_ARGS, run_tuner
+
+pytestmark = pytest.mark.vllm
+
+# The bundled trace's first 16 requests at 20 times their rate: about 27 req/s, several times what the tiny
+# model carries on a CPU (about 7 req/s with a large KV cache on 2 cores), so the reference probe overloads any
+# configuration.
+SELECTION = ["--max-requests", "16", "--rate-scale", "20", "--fit", "clip"]
+ENGINE = ["--set", "max_model_len=1024", "--set", "enforce_eager=true", "--set", "kv_cache_memory_bytes=268435456",
+          "--set", "max_num_seqs=16"]
+# Short probes (the latency limits are lifted, so no percentile needs many requests), a coarse bracket, and room
+# to go down to a 200th of the reference load.
+SEARCH = ["--probe-requests", "32", "--probe-budget", "5", "--precision", "0.25", "--load-range", "0.005:4",
+          *NO_LATENCY_LIMIT_ARGS]
+# 12 blocks of 128 tokens: one long request and a short one at a time. 96: all sixteen at once.
+KV_BLOCKS = {"tight": 12, "large": 96}
+
+
+@pytest.fixture(scope="module")
+def searched(tiny_model, tmp_path_factory) -> dict[str, dict]:
+    runs = {}
+    for name, blocks in KV_BLOCKS.items():
+        out = tmp_path_factory.mktemp(f"capacity-{name}")
+        result = run_tuner("trial", "run", "--model", str(tiny_model), *SELECTION, *ENGINE,
+                           "--set", f"num_gpu_blocks_override={blocks}", *SEARCH, "--out", str(out), "--json")
+        runs[name] = {**json.loads(result.stdout), "out": out}
+    return runs
+
+
+def test_a_tight_kv_budget_carries_less_than_a_large_one(searched):
+    tight, large = searched["tight"]["capacity"], searched["large"]["capacity"]
+    assert tight["rps"] is not None and large["rps"] is not None
+    assert tight["rps"] < large["rps"], (tight, large)
+    # The edge above each capacity did not pass: it is a bracket, not a guess.
+    for cap in (tight, large):
+        assert cap["edge_rps"] is not None and cap["edge_rps"] > cap["rps"]
+
+
+def test_a_whole_probe_ladder_runs_on_one_launch(searched):
+    for run in searched.values():
+        probes = run["probes"]
+        assert len(probes) >= 3
+        assert [p["index"] for p in probes] == list(range(len(probes)))
+        assert len({p["seed"] for p in probes}) == len(probes), "every probe has fresh prompts"
+        assert {p["verdict"] for p in probes} == {"pass", "fail"}
+        # One startup for the whole ladder: one launch recorded, one server started in its log.
+        assert run["timings"]["startup_s"] > 0
+        log = (run["out"] / "server.log").read_text(errors="replace")
+        assert len(re.findall(r"Starting vLLM", log)) == 1
+        # Every probe's requests are in requests.csv, by probe.
+        rows = list(csv.DictReader(open(run["out"] / "requests.csv")))
+        assert {int(r["probe"]) for r in rows} == set(range(len(probes)))
+        assert all(sum(int(r["probe"]) == p["index"] for r in rows) == p["requests"] for p in probes)
+
+
+def test_every_probe_starts_with_nothing_running_or_waiting(searched):
+    for run in searched.values():
+        for p in run["probes"]:
+            assert p["idle_at_start"], p
+        # vLLM's gauges at each probe's first sample show no request from the probe before.
+        timeline = list(csv.DictReader(open(run["out"] / "timeline.csv")))
+        first = {}
+        for sample in timeline:
+            first.setdefault(int(sample["probe"]), sample)
+        assert set(first) == {p["index"] for p in run["probes"]}
+        assert all(float(s["waiting"]) == 0 for s in first.values())
+
+
+def test_a_load_far_beyond_the_engine_fails_as_not_kept_up_with_latency_limits_lifted(searched):
+    for run in searched.values():
+        reference = run["probes"][0]
+        assert reference["factor"] == 1.0 and reference["verdict"] == "fail"
+        assert any(r.startswith("did not keep up") for r in reference["reasons"]), reference["reasons"]
+        # The boundary's latency limits were lifted: nothing but the pace failed it.
+        assert run["boundary"]["ttft_p95_s"] is None and run["boundary"]["e2e_p95_s"] is None
+        assert all(r.startswith("did not keep up") for r in reference["reasons"])

@@ -1,0 +1,51 @@
+"""The README's main job, exactly as written there, in a fresh $TUNER_HOME: it must end in a recommendation on
+any machine of this kind (the load search adapts the load to the machine), validated against vLLM's default:
+two launches of each, interleaved, stored as marked trials, and the gain stated with its interval."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+
+pytestmark = pytest.mark.vllm
+
+
+def readme_main_job() -> str:
+    """The command under the README's "Run the main job" paragraph (its first indented line)."""
+    text = (REPO / "README.md").read_text()
+    section = text[text.index("Run the main job"):]
+    return next(line.strip() for line in section.splitlines() if line.startswith("    "))
+
+
+def test_the_readmes_main_job_recommends_a_vllm_serve_command(tmp_path):
+    command = readme_main_job()
+    assert command.startswith(".venv/bin/tuner study create demo") and "tuner study best demo" in command
+    env = {**os.environ, "TUNER_HOME": str(tmp_path / "home")}
+    env.pop("TUNER_STORAGE", None)
+    env.pop("TUNER_ARTIFACTS", None)
+    result = subprocess.run(["bash", "-c", command], cwd=REPO, env=env, capture_output=True, text=True,
+                            timeout=3600)  # six launches on a slow, crowded machine: not a speed test
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert re.search(r"^\s+vllm serve \S+", result.stdout, re.MULTILINE), result.stdout[-3000:]
+    assert "carries" in result.stdout  # the capacity, within the boundary
+    # `study run` validated its best against vLLM's default, and `best` states the verdict with its interval.
+    verdict = re.search(r"^.*95% CI \d+\.\d\d-\d+\.\d\d, 2 repeats each\).*$", result.stdout, re.MULTILINE)
+    assert verdict, result.stdout[-3000:]
+    assert verdict.group(0).endswith((": keep it", ": recommended")), verdict.group(0)
+    status = subprocess.run([sys.executable, "-m", "tuner", "study", "status", "demo", "--json"], env=env,
+                            capture_output=True, text=True, check=True)
+    assert json.loads(status.stdout)["validation_launches"] == 4
+    exported = json.loads(subprocess.run([sys.executable, "-m", "tuner", "study", "export", "demo"], env=env,
+                                         capture_output=True, text=True, check=True).stdout)
+    marks = [t["validation"] for t in exported["trials"] if t["validation"] is not None]
+    # Round by round, the same order each time: vLLM's default, then the best search trial.
+    assert [(m["round"], m["arm"]) for m in marks] == [(1, 0), (1, 1), (2, 0), (2, 1)]
+    assert len({m["of_trial"] for m in marks if m["arm"] == 1}) == 1 and all(m["arm"] == 0 or m["of_trial"]
+                                                                             is not None for m in marks)

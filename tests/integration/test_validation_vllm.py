@@ -1,0 +1,110 @@
+"""Validation on real vLLM (CPU build) and the tiny model: a study whose only other configuration carries far
+less than vLLM's default validates it at the end of `study run` (launches stored, marked and interleaved, an
+interval computed) and keeps the default; an A/A check of the default against itself gives an interval that
+includes 1."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+
+import pytest
+
+from conftest import NO_LATENCY_LIMIT_ARGS, run_tuner as tuner
+from factories import tiny_space
+
+pytestmark = pytest.mark.vllm
+
+SPACE = tiny_space("validation", {"max_num_seqs": {"type": "int", "low": 1, "high": 4}},
+                   description="the tiny model, one sequence at a time or a few")
+# At a fixed load with the latency limits lifted every configuration is feasible; one sequence at a time finishes
+# the same eight requests far later than vLLM's default (128 at once), so it completes far fewer req/s.
+FIXED = ["--max-requests", "8", "--rate-scale", "4", "--fit", "clip", "--load", "fixed", *NO_LATENCY_LIMIT_ARGS]
+# The A/A check searches the capacity coarsely, with short probes from above what the engine carries (about 8
+# req/s against about 6 on an idle machine of this kind, 2 on one crowded with other engines), and probes enough
+# to find a load it carries on either. Its interval is never narrower than the search's 50% precision, far more
+# than two launches of one configuration differ by once interleaved.
+SEARCHED = ["--max-requests", "16", "--rate-scale", "6", "--fit", "clip", "--probe-requests", "24",
+            "--probe-budget", "6", "--precision", "0.5", "--load-range", "0.005:4", *NO_LATENCY_LIMIT_ARGS]
+
+# Five or six launches in one command: about 7 minutes here, more than twice that beside other engines.
+MANY_LAUNCHES_S = 2700
+
+
+@pytest.fixture(scope="module")
+def kept(tiny_model, tmp_path_factory) -> dict:
+    """vLLM's default (trial 0) and max_num_seqs=1 (trial 1), then the validation `study run` ends with."""
+    root = tmp_path_factory.mktemp("validation")
+    (root / "space.yaml").write_text(SPACE)
+    common = ["--storage", f"sqlite:///{root / 'tuner.db'}", "--artifacts", str(root / "artifacts")]
+    tuner("study", "create", "kept", "--model", str(tiny_model), "--space", str(root / "space.yaml"), *FIXED,
+          *common)
+    tuner("study", "enqueue", "kept", "--set", "max_num_seqs=1", *common)
+    run = tuner("study", "run", "kept", "--trials", "2", "--json", *common, timeout_s=MANY_LAUNCHES_S)
+    return {"common": common, "run": json.loads(run.stdout)}
+
+
+def test_validation_launches_are_stored_marked_and_interleaved(kept):
+    common = kept["common"]
+    summaries = kept["run"]["trials"]
+    assert [t["number"] for t in summaries] == [0, 1, 2, 3, 4, 5]
+    # The search's two trials, then each configuration twice, round by round: default, trial 1, default, trial 1.
+    assert [t["validation"] for t in summaries[:2]] == [None, None]
+    assert [(t["validation"]["round"], t["validation"]["of_trial"]) for t in summaries[2:]] == \
+        [(1, None), (1, 1), (2, None), (2, 1)]
+    assert all(t["state"] == "complete" for t in summaries)
+    exported = json.loads(tuner("study", "export", "kept", *common).stdout)
+    marks = {t["trial_number"]: t["validation"] for t in exported["trials"]}
+    assert marks[0] is None and marks[1] is None
+    assert marks[3] == {"run": 1, "round": 1, "repeats": 2, "arm": 1, "of_trial": 1}
+    # The validation launches ran in the recorded order, each after the one before it had finished.
+    started = {t["trial_number"]: t["started_at"] for t in exported["trials"]}
+    finished = {t["trial_number"]: t["finished_at"] for t in exported["trials"]}
+    assert all(finished[n] <= started[n + 1] for n in (2, 3, 4))
+    assert {t["trial_number"]: t["engine_config"].get("max_num_seqs") for t in exported["trials"]} == \
+        {0: None, 1: 1, 2: None, 3: 1, 4: None, 5: 1}
+    rows = list(csv.DictReader(io.StringIO(tuner("study", "export", "kept", "--format", "csv", *common).stdout)))
+    assert [r["validation"] for r in rows] == ["", "", "1/1/default", "1/1/trial 1", "1/2/default", "1/2/trial 1"]
+    # Two search trials and four validation launches; the status states the verdict.
+    status = json.loads(tuner("study", "status", "kept", "--json", *common).stdout)
+    assert status["trials"] == 6 and status["validation_launches"] == 4
+    assert status["validation"].endswith(": keep it")
+    # The report lists them with their role.
+    report = json.loads(tuner("study", "report", "kept", "--json", *common).stdout)
+    roles = {r["trial"]: r["roles"] for r in report["trials"]}
+    assert "validation 1, round 2: trial 1" in roles[5] and "default" in roles[0]
+
+
+def test_a_study_whose_best_is_the_default_says_keep_it_with_the_defaults_command(kept):
+    common = kept["common"]
+    assert kept["run"]["validation"].startswith("vLLM's default carries at least as much as the best configuration "
+                                                "found (trial 1: x0.")
+    best = tuner("study", "best", "kept", *common).stdout
+    assert "95% CI" in best and "2 repeats each): keep it" in best
+    command = next(line.strip() for line in best.splitlines() if line.strip().startswith("vllm serve "))
+    assert "--max-num-seqs" not in command  # vLLM's default configuration: the space's fixed values alone
+    answer = json.loads(tuner("study", "best", "kept", "--json", *common).stdout)
+    validation = answer["validation"]
+    assert answer["trial"] == 0 and validation["keep_default"] and validation["recommended"] == "vLLM's default"
+    default, single = validation["arms"]
+    assert default["trials"] == [2, 4] and single["trials"] == [3, 5] and single["of_trial"] == 1
+    # One sequence at a time completes fewer req/s in every launch, and the interval says so.
+    assert max(single["values"]) < min(default["values"])
+    gain = validation["gain"]
+    assert gain["repeats"] == [2, 2] and gain["low"] <= gain["ratio"] <= gain["high"] and gain["ratio"] < 1
+
+
+def test_the_a_a_check_interval_includes_one(tiny_model, tmp_path):
+    common = ["--storage", f"sqlite:///{tmp_path / 'tuner.db'}", "--artifacts", str(tmp_path / "artifacts")]
+    tuner("study", "create", "aa", "--model", str(tiny_model), *SEARCHED, *common)
+    result = json.loads(tuner("study", "validate", "aa", "--against-itself", "--json", *common,
+                              timeout_s=MANY_LAUNCHES_S).stdout)
+    # The baseline queued at creation runs first, then the default twice per round.
+    assert [t["validation"] and t["validation"]["arm"] for t in result["trials"]] == [None, 0, 1, 0, 1]
+    assert all(t["state"] == "complete" and t["score"]["capacity"]["rps"] for t in result["trials"])
+    assert result["validation"].startswith("A/A check: vLLM's default against itself (x")
+    assert result["validation"].endswith("the interval includes 1, as it must for identical configurations")
+    # An A/A check is no validation of the study's recommendation.
+    status = json.loads(tuner("study", "status", "aa", "--json", *common).stdout)
+    assert status["validation"] == "not validated" and status["validation_launches"] == 4

@@ -1,0 +1,193 @@
+"""The load search, without an engine: probes judged from request records, the next load chosen from verdicts,
+capacities summed up, the trace repeated for a probe, and the policy's bad values refused."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.factories import study_settings
+from tuner.capacity import (DECISIVE_REQUESTS, JudgedProbe, LoadPolicy, LoadSearch, Verdict, capacity_of, judge_probe,
+                            wilson_interval)
+from tuner.errors import TunerError
+from tuner.paths import bundled_trace
+from tuner.scoring import boundary
+from tuner.storage import StudySettings
+from tuner.traces.records import Trace, TraceRequest
+from tuner.traces.transforms import repeat
+from tuner.workers.measure import measure
+from tuner.workers.probes import FixedLoad, Probe, ProbeRun, probe_trace
+from tuner.workers.replay import Outcome, ReplayResult, RequestRecord
+
+LIFTED = boundary("interactive", {"ttft_p95_s": None, "e2e_p95_s": None})
+
+
+def _records(n: int, gap_s: float, e2e_s: float | list[float], ttft_s: float = 0.05) -> list[RequestRecord]:
+    """n requests due `gap_s` apart, each sent on time and served in full in `e2e_s` (one value, or one each)."""
+    latencies = e2e_s if isinstance(e2e_s, list) else [e2e_s] * n
+    return [RequestRecord(i, i * gap_s, i * gap_s, 16, 100, 16, Outcome.OK, ttft_s=ttft_s, e2e_s=latencies[i],
+                          itl_mean_s=0.01) for i in range(n)]
+
+
+def _run(records: list[RequestRecord], factor: float = 1.0, index: int = 0, **probe) -> ProbeRun:
+    duration = max(r.sent_s + r.e2e_s for r in records)
+    m = measure(ReplayResult(records, duration, None, None))
+    return ProbeRun(Probe(index, factor, index, len(records), m, **probe), records)
+
+
+def test_a_probe_that_keeps_up_within_the_boundary_passes():
+    run = _run(_records(100, 0.1, 0.5))
+    assert judge_probe(run.probe, run.records, boundary("interactive")).verdict is Verdict.PASS
+
+
+def test_a_queue_that_grows_fails_as_not_kept_up_even_with_latency_limits_lifted():
+    # Each request waits behind every one before it: the engine serves one every 0.2 s while they come every 0.1 s.
+    records = _records(100, 0.1, [0.2 * (i + 1) - 0.1 * i for i in range(100)])
+    run = _run(records)
+    judgement = judge_probe(run.probe, run.records, LIFTED)
+    assert judgement.verdict is Verdict.FAIL
+    assert any("did not keep up" in r for r in judgement.reasons)
+
+
+def test_a_percentile_within_noise_of_its_limit_is_inconclusive_and_far_over_it_fails():
+    bound = boundary("interactive", {"ttft_p95_s": None, "e2e_p95_s": 1.0})
+    # 3 of 100 over the limit: p95 is under it, but the share within it (0.97) cannot be told from 0.95.
+    near = _run(_records(100, 0.1, [2.0 if i % 33 == 0 else 0.5 for i in range(100)]))
+    judgement = judge_probe(near.probe, near.records, bound)
+    assert judgement.verdict is Verdict.INCONCLUSIVE
+    assert "within noise" in judgement.reasons[0]
+    far = _run(_records(100, 0.1, [2.0 if i % 5 == 0 else 0.5 for i in range(100)]))
+    assert judge_probe(far.probe, far.records, bound).verdict is Verdict.FAIL
+
+
+def test_wilson_interval_needs_about_75_requests_all_within_a_limit_to_pass_a_p95():
+    assert wilson_interval(72, 72)[0] < 0.95 <= wilson_interval(74, 74)[0]
+    lo, hi = wilson_interval(50, 100)
+    assert lo < 0.5 < hi
+
+
+def test_a_probe_stopped_early_or_whose_engine_died_fails():
+    stopped = _run(_records(20, 0.1, 0.5), stop_reason="2 requests already waited over 2 s")
+    assert judge_probe(stopped.probe, stopped.records, LIFTED).verdict is Verdict.FAIL
+    died = _run(_records(20, 0.1, 0.5), engine_lost=True)
+    assert judge_probe(died.probe, died.records, LIFTED).reasons == ["the engine died during the probe"]
+
+
+def _search(**policy) -> LoadSearch:
+    return LoadSearch(LoadPolicy(**policy), LIFTED)
+
+
+def test_the_search_starts_at_the_reference_then_doubles_then_bisects_to_the_precision():
+    search = _search(probe_budget=10, precision=0.1)
+    assert search.next_factor([]) == 1.0
+    assert search._next([(1.0, True)], None) == 2.0
+    assert search._next([(1.0, True), (2.0, True)], None) == 4.0
+    nxt = search._next([(1.0, True), (2.0, True), (4.0, False)], None)
+    assert nxt == pytest.approx(2 ** 1.5)
+    assert search._next([(1.0, True), (2.0, True), (2.1, False)], None) is None  # within 10%
+
+
+def test_the_search_stops_below_a_failing_reference_unless_asked_to_go_on():
+    assert _search()._next([(1.0, False)], 0.3) is None
+    below = LoadSearch(LoadPolicy(), LIFTED, below_reference=True)
+    assert below._next([(1.0, False)], 0.3) == pytest.approx(0.3)  # straight to what the engine carried
+    assert below._next([(1.0, False)], 0.9) == 0.5  # never less than halving
+    assert below._next([(1.0, False)], 0.001) == 1 / 16  # nor more than a 16th at once
+
+
+def test_a_new_configuration_is_first_probed_at_the_best_capacity_so_far():
+    search = LoadSearch(LoadPolicy(), LIFTED, best_factor=3.0)
+    assert search._next([(1.0, True)], None) == 3.0
+    assert search._next([(1.0, True), (3.0, False)], None) is None  # cannot beat it
+    assert search._next([(1.0, True), (3.0, True)], None) == 6.0
+
+
+def test_the_probe_budget_and_the_load_range_bound_the_search():
+    search = _search(probe_budget=2, max_factor=2.0)
+    runs = [_run(_records(100, 0.1, 0.5), 1.0), _run(_records(100, 0.05, 0.5), 2.0, 1)]
+    assert search.next_factor(runs) is None  # budget spent
+    assert _search(max_factor=2.0)._next([(1.0, True), (2.0, True)], None) is None
+
+
+def test_capacity_is_the_highest_passing_load_with_how_the_search_ended():
+    judged = [JudgedProbe.of(_run(_records(100, 0.1, 0.5), 1.0), LIFTED),
+              JudgedProbe.of(_run(_records(100, 0.05, 0.3), 2.0, 1), LIFTED),
+              JudgedProbe.of(_run(_records(100, 0.025, [0.1 * i for i in range(100)]), 4.0, 2), LIFTED)]
+    assert [j.verdict for j in judged] == [Verdict.PASS, Verdict.PASS, Verdict.FAIL]
+    cap = capacity_of(judged, LoadPolicy(probe_budget=3), reference_scale=10.0)
+    assert cap.factor == 2.0 and cap.rate_scale == 20.0
+    assert cap.rps == pytest.approx(judged[1].probe.offered_rps)
+    assert cap.edge_rps == pytest.approx(judged[2].probe.offered_rps)
+    assert cap.ended == "probe budget of 3 spent"
+    below = capacity_of(judged, LoadPolicy(), 10.0, best_factor=4.0, best_rps=40.0)
+    assert below.ended == "below the best so far (< 40 req/s)"
+    again = JudgedProbe.from_dict(judged[2].to_dict())
+    assert again == judged[2]
+
+
+def test_a_probe_trace_is_repeated_to_the_reference_length_with_prefixes_shared_only_within_a_copy():
+    trace = Trace("t", "native", "0" * 64, tuple(TraceRequest(i * 1.0, 100, 10, (i % 2,)) for i in range(4)))
+    faster = probe_trace(trace, 2.0, 10, trace.span_s)
+    # 4 requests over 1.5 s at twice the rate: repeated to 3 copies (12 >= 10 requests) and >= 3 s.
+    assert len(faster.requests) == 12 and faster.span_s >= trace.span_s
+    assert faster.transformations[-1].kind == "repeat"
+    gaps = {round(b.arrival_s - a.arrival_s, 9) for a, b in zip(faster.requests, faster.requests[1:])}
+    assert gaps == {0.5}  # the rate is kept across copies
+    assert [r.prefix_blocks for r in faster.requests[:6]] == [(0,), (1,), (0,), (1,), (2,), (3,)]
+    assert repeat(trace, 3, 0.0) is trace  # long enough already
+
+
+def test_a_fixed_load_is_one_probe_at_the_reference():
+    assert FixedLoad().next_factor([]) == 1.0
+    assert FixedLoad().next_factor([_run(_records(4, 0.1, 0.5))]) is None
+    assert isinstance(LoadPolicy.fixed().plan(LIFTED), FixedLoad)
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(mode="adaptive"), "load must be one of search, fixed"),
+    (dict(precision=0), "precision must be between 0 and 1"),
+    (dict(probe_budget=0), "probe budget must be at least 1"),
+    (dict(load_range="2:8"), "load bounds must hold the reference load"),
+    (dict(load_range="fast"), "load range must be MIN:MAX"),
+    (dict(probe_requests=0), "probe requests must be at least 1"),
+])
+def test_bad_load_options_are_one_line_errors(options, message):
+    values = dict(mode="search", precision=0.1, probe_budget=6, load_range=None, probe_requests=100) | options
+    with pytest.raises(TunerError, match=message):
+        LoadPolicy.from_options(**values)
+
+
+def test_a_study_stored_before_load_searches_runs_at_a_fixed_load():
+    data = study_settings().to_dict()
+    del data["load"]
+    assert StudySettings.from_dict(data).load == LoadPolicy.fixed()
+    searched = study_settings(load=LoadPolicy(precision=0.2))
+    assert StudySettings.from_dict(searched.to_dict()).load.precision == 0.2
+
+
+def test_a_searching_study_names_capacity_as_its_first_objective_for_the_dashboard(tiny_model, tmp_path):
+    from tuner.study.create import create_study
+    from tuner.study.plan import StoragePlan, load_optuna_study
+    from tuner.traces.selection import TraceSelection
+
+    plan = StoragePlan.resolve(f"sqlite:///{tmp_path / 'tuner.db'}", tmp_path / "artifacts")
+    for name, load in (("searched", LoadPolicy()), ("fixed", LoadPolicy.fixed())):
+        create_study(name, model=tiny_model, trace_path=bundled_trace(), space="cpu-small",
+                     boundary_name="interactive", limits={}, plan=plan, load=load,
+                     selection=TraceSelection(max_requests=8, fit="clip"))
+    assert load_optuna_study("searched", plan).metric_names == ["capacity_rps", "e2e_p95_s"]
+    assert load_optuna_study("fixed", plan).metric_names == ["completed_rps", "e2e_p95_s"]
+    assert plan.repository().get_study("searched").load == LoadPolicy()
+
+
+def test_a_search_whose_reference_probe_could_never_pass_a_p95_limit_is_refused():
+    # 73 requests all within a limit are the fewest whose 95% interval clears the p95; 72 are not.
+    assert DECISIVE_REQUESTS == 73
+    assert wilson_interval(73, 73)[0] >= 0.95 > wilson_interval(72, 72)[0]
+    short = LoadPolicy(probe_requests=32)
+    with pytest.raises(TunerError, match="needs at least 73 requests a probe, and one at the reference load would "
+                                         "hold 32"):
+        short.refuse_undecidable(boundary("interactive"), trace_requests=16)
+    short.refuse_undecidable(boundary("interactive"), trace_requests=80)  # the trace alone holds enough
+    short.refuse_undecidable(LIFTED, trace_requests=16)  # no percentile to decide
+    LoadPolicy(mode="fixed", probe_requests=32).refuse_undecidable(boundary("interactive"), trace_requests=16)
+    LoadPolicy().refuse_undecidable(boundary("interactive"), trace_requests=16)  # the default's 80

@@ -1,0 +1,120 @@
+"""Validation judged from its marked trials: the interleaved order, the gain's interval (checked against SciPy's
+own Welch test), and the verdict in each case: recommended beyond noise, within noise (keep the default), the
+default best, an A/A check, a launch that carried nothing."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from factories import MACHINE, measurement
+from tuner.scoring import Capacity, Score
+from tuner.storage import StoredTrial, TrialState, ValidationMark
+from tuner.validation import Arm, ArmResult, Validation, gain_interval, interleaved, latest_validation, validations
+from tuner.workers.engine_config import EngineConfig
+
+UNIT = "req/s within the boundary"
+
+
+def _validation(default: tuple[float, ...], finalist: tuple[float, ...], of_trial: int | None = 3) -> Validation:
+    n = len(default)
+    return Validation(1, n, (ArmResult(Arm(0, None), tuple(range(10, 10 + n)), default),
+                             ArmResult(Arm(1, of_trial), tuple(range(20, 20 + n)), finalist)), (), UNIT)
+
+
+def test_every_arm_once_per_round_in_the_same_order():
+    arms = [Arm(0, None), Arm(1, 4), Arm(2, 7)]
+    marks = interleaved(arms, 3, run=2)
+    assert [(m.round, m.of_trial) for m in marks] == [(r, t) for r in (1, 2, 3) for t in (None, 4, 7)]
+    assert {m.run for m in marks} == {2} and {m.repeats for m in marks} == {3}
+    assert marks[0].default and not marks[1].default
+    with pytest.raises(ValueError, match="at least 2 repeats"):
+        interleaved(arms, 1, run=1)
+
+
+def test_the_interval_is_welchs_on_the_logs():
+    values, reference = [2.9, 3.1, 3.4], [2.0, 2.2]
+    found = gain_interval(values, reference)
+    expected = stats.ttest_ind(np.log(values), np.log(reference), equal_var=False).confidence_interval(0.95)
+    assert found.ratio == pytest.approx(math.exp(np.log(values).mean() - np.log(reference).mean()))
+    assert (found.low, found.high) == pytest.approx((math.exp(expected.low), math.exp(expected.high)))
+    assert found.repeats == (3, 2) and found.text().endswith("3 and 2 repeats")
+    # Identical repeats on both sides leave nothing to widen the ratio by.
+    same = gain_interval([2.0, 2.0], [1.0, 1.0])
+    assert (same.ratio, same.low, same.high) == (2.0, 2.0, 2.0) and not same.includes_one
+    # ...but never finer than what the measurement resolves: a load search at 10% precision cannot tell 2.2 from 2.
+    coarse = gain_interval([2.2, 2.2], [2.0, 2.0], resolution=0.1)
+    assert (coarse.low, coarse.high) == pytest.approx((1.0, 1.21)) and coarse.includes_one
+    assert gain_interval(values, reference, resolution=0.1) == found  # already wider than the resolution
+    with pytest.raises(ValueError):
+        gain_interval([1.0, 0.0], [1.0, 1.0])  # a launch that carried nothing has no log
+
+
+def test_a_gain_beyond_noise_is_recommended_with_its_interval():
+    v = _validation((2.0, 2.2), (2.9, 3.1))
+    assert not v.keep_default and v.winner.arm.of_trial == 3 and not v.gain.includes_one
+    assert v.sentence() == ("trial 3 carries more than vLLM's default (x1.43, 95% CI 1.08-1.89, 2 repeats each): "
+                            "recommended")
+
+
+def test_a_gain_within_noise_keeps_the_default():
+    v = _validation((2.0, 2.6), (2.3, 2.5))
+    assert v.gain.ratio > 1 and v.gain.includes_one and v.keep_default and v.winner.arm.of_trial is None
+    assert v.sentence().startswith("vLLM's default is within noise of the best configuration found (trial 3: x1.05, "
+                                   "95% CI ")
+    assert v.sentence().endswith(", 2 repeats each): keep it")
+
+
+def test_a_default_that_carries_more_is_kept():
+    v = _validation((3.0, 3.1), (2.0, 2.1))
+    assert v.keep_default and v.gain.ratio < 1
+    assert v.sentence().startswith("vLLM's default carries at least as much as the best configuration found "
+                                   "(trial 3: x0.67")
+
+
+def test_an_a_a_check_says_whether_its_interval_includes_one():
+    aa = _validation((2.0, 2.4), (2.1, 2.3), of_trial=None)
+    assert aa.against_itself and aa.keep_default and aa.gain.includes_one
+    assert aa.arms[1].arm.label == "vLLM's default (again)"
+    assert aa.sentence().startswith("A/A check: vLLM's default against itself (x")
+    assert aa.sentence().endswith("the interval includes 1, as it must for identical configurations")
+    drifted = _validation((2.0, 2.0), (3.0, 3.0), of_trial=None)
+    assert "excludes 1" in drifted.sentence()
+
+
+def test_a_launch_that_carried_nothing_leaves_no_interval_and_says_so():
+    v = _validation((2.0, 0.0), (2.9, 3.1))
+    assert v.gain is None and not v.keep_default and v.winner.arm.of_trial == 3
+    assert v.sentence() == ("no interval for trial 3 against vLLM's default (vLLM's default carried no load within "
+                            "the boundary in 1 of 2 launches): trial 3 is recommended")
+    worse = _validation((2.0, 2.1), (0.0, 3.1))
+    assert worse.keep_default and worse.sentence().endswith(": keep vLLM's default")
+
+
+def _trial(number: int, mark: ValidationMark | None, state: TrialState, capacity_rps: float | None) -> StoredTrial:
+    m = measurement()
+    score = None if state is not TrialState.COMPLETE else Score(
+        m.completed_rps, m.e2e_s.p95, m.output_tps, 1.0, {}, [],
+        Capacity(capacity_rps, None, None, None, 3, "bracketed"))
+    return StoredTrial("demo", number, 1, state, EngineConfig(), "vllm serve m", m, None, None, None, None, None,
+                       None, MACHINE, "0.32.0", "2025-01-01T00:00:00+00:00", None, score, validation=mark)
+
+
+def test_validations_are_read_back_from_marked_trials_in_the_order_they_ran():
+    marks = interleaved([Arm(0, None), Arm(1, 2)], 2, run=1)
+    trials = [_trial(0, None, TrialState.COMPLETE, 2.0), _trial(2, None, TrialState.COMPLETE, 3.5),
+              _trial(4, marks[0], TrialState.COMPLETE, 2.1), _trial(5, marks[1], TrialState.COMPLETE, 3.0),
+              # stopped mid-launch: not a measurement, run again as trial 8
+              _trial(6, marks[2], TrialState.STOPPED, None), _trial(7, marks[3], TrialState.FAILED, None)]
+    (v,) = validations(trials, searched=True)
+    assert not v.complete and latest_validation(trials, True) is None
+    assert v.default.trials == (4,) and v.arms[1].values == (3.0, 0.0)  # a failed launch carried nothing
+    trials.append(_trial(8, marks[2], TrialState.COMPLETE, 2.2))
+    (v,) = validations(trials, searched=True)
+    assert v.complete and v.order == (4, 5, 7, 8) and v.default.values == (2.1, 2.2)
+    assert latest_validation(trials, True) == v and latest_validation(trials, True, against_itself=True) is None
+    assert v.to_dict()["arms"][1] == {"label": "trial 2", "of_trial": 2, "trials": [5, 7], "values": [3.0, 0.0],
+                                      "median": 1.5}

@@ -1,0 +1,322 @@
+"""How much of the trace's traffic a configuration carries within its boundary.
+
+A trial probes its engine at several loads (tuner.workers.probes). Here each probe is judged (`judge_probe`:
+pass, fail or inconclusive, with the reasons), the next probe's load is chosen so as to bracket and bisect the
+highest load that passes (`LoadSearch`), and the probes of a trial are summed up as its capacity (`Capacity`).
+
+A probe passes when the boundary holds *and* the engine kept up with the arrivals: a load that grows a queue a
+longer run would never drain fails even when its percentiles look fine. A percentile decision within noise (the
+95% interval of the share of requests meeting a limit holds the boundary's 0.95) is inconclusive; the search
+treats it as the bracket's upper edge and says so.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, fields
+from enum import StrEnum
+from typing import Any
+
+from tuner.errors import TunerError
+from tuner.scoring import Boundary, Capacity, score
+from tuner.workers.probes import FixedLoad, LoadPlan, Probe, ProbeRun
+from tuner.workers.replay import RequestRecord
+
+LOAD_MODES = ("search", "fixed")
+PERCENTILE = 0.95  # every latency limit of a boundary is on the p95
+WILSON_Z = 1.96  # 95% intervals
+
+
+class Verdict(StrEnum):
+    """What one probe says about its load."""
+
+    PASS = "pass"  # within the boundary, and kept up
+    FAIL = "fail"
+    INCONCLUSIVE = "inconclusive"  # a percentile within noise of its limit: the bracket's edge
+
+
+@dataclass(frozen=True)
+class ProbeJudgement:
+    """A probe's verdict and, unless it passed, why."""
+
+    verdict: Verdict
+    reasons: list[str]
+
+
+def wilson_interval(k: int, n: int, z: float = WILSON_Z) -> tuple[float, float]:
+    """The Wilson score interval of a share k/n (n > 0)."""
+    p = k / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def _percentile_decision(name: str, values: list[float], limit: float) -> tuple[Verdict, str | None]:
+    """Whether the p95 of `values` meets `limit`, told apart from noise by the share of values within it."""
+    if not values:
+        return Verdict.PASS, None
+    k = sum(v <= limit for v in values)
+    lo, hi = wilson_interval(k, len(values))
+    share = f"{k} of {len(values)} requests within {limit:g} s (95% CI {lo:.3f}-{hi:.3f})"
+    if lo >= PERCENTILE:
+        return Verdict.PASS, None
+    if hi < PERCENTILE:
+        return Verdict.FAIL, f"{name}: {share}"
+    return Verdict.INCONCLUSIVE, f"{name} within noise of its limit: {share}"
+
+
+# The limits on a p95 that a probe is judged on request by request (within noise or not), with the request figure
+# each is taken from.
+PERCENTILE_LIMITS = {"ttft_p95_s": "ttft_s", "e2e_p95_s": "e2e_s", "tpot_p95_s": "itl_mean_s"}
+# n requests all within a limit tell a p95 from it only from here on: the lower end of the Wilson interval of n of
+# n, n / (n + z^2), reaches PERCENTILE at n = PERCENTILE z^2 / (1 - PERCENTILE), that is 73.
+DECISIVE_REQUESTS = math.ceil(PERCENTILE * WILSON_Z ** 2 / (1 - PERCENTILE))
+
+
+def judge_probe(probe: Probe, records: Sequence[RequestRecord], bound: Boundary) -> ProbeJudgement:
+    """Pass, fail or inconclusive for one probe, from its measurement and its requests, with the reasons."""
+    m = probe.measurement
+    if m is None or probe.engine_lost:
+        return ProbeJudgement(Verdict.FAIL, ["the engine died during the probe"])
+    if probe.stop_reason is not None:
+        return ProbeJudgement(Verdict.FAIL, [f"stopped early: {probe.stop_reason}"])
+    if m.e2e_s.p95 is None:
+        return ProbeJudgement(Verdict.FAIL, ["no request finished"])
+    verdicts: list[Verdict] = []
+    reasons: list[str] = []
+    # Scored with the percentile limits lifted, so that every violation left is one of the others.
+    others = score(m, bound.with_limits({name: None for name in PERCENTILE_LIMITS}), m.pace.window_s if m.pace else 0.0,
+                   judge_pace=True)
+    for name, figure in PERCENTILE_LIMITS.items():
+        limit = getattr(bound, name)
+        if limit is None:
+            continue
+        values = [getattr(r, figure) for r in records if getattr(r, figure) is not None and r.e2e_s is not None]
+        verdict, reason = _percentile_decision(name, values, limit)
+        verdicts.append(verdict)
+        if reason:
+            reasons.append(reason)
+    for violation in others.violations:  # completion, makespan, pace: no percentile to be within noise of
+        verdicts.append(Verdict.FAIL)
+        reasons.append(violation)
+    if Verdict.FAIL in verdicts:
+        return ProbeJudgement(Verdict.FAIL, reasons)
+    if Verdict.INCONCLUSIVE in verdicts:
+        return ProbeJudgement(Verdict.INCONCLUSIVE, reasons)
+    return ProbeJudgement(Verdict.PASS, [])
+
+
+@dataclass(frozen=True)
+class LoadPolicy:
+    """How a study chooses the load of its trials, as the user set it (`tuner study create --load ...`)."""
+
+    mode: str = "search"  # "search": probes bracket the capacity; "fixed": one replay at the reference load
+    precision: float = 0.10  # the search ends once the bracket's upper edge is within this of its lower
+    probe_budget: int = 6  # probes per trial at most, the first at the reference load included
+    min_factor: float = 1 / 16  # the loads probed, as multiples of the reference load
+    max_factor: float = 64.0
+    # Each probe's trace is repeated until it holds this many requests: 73 all within a limit are the fewest
+    # that tell a p95 from it with 95% confidence.
+    probe_requests: int = 80
+    warmup_requests: int = 8  # replayed before the first probe, kept out of every figure
+
+    def __post_init__(self) -> None:
+        if self.mode not in LOAD_MODES:
+            raise TunerError(f"load must be one of {', '.join(LOAD_MODES)}, got {self.mode!r}")
+        if not 0 < self.precision < 1:
+            raise TunerError(f"precision must be between 0 and 1 (0.1 = 10%), got {self.precision:g}")
+        if self.probe_budget < 1:
+            raise TunerError(f"probe budget must be at least 1, got {self.probe_budget}")
+        if not 0 < self.min_factor <= 1 <= self.max_factor < math.inf:
+            raise TunerError(f"load bounds must hold the reference load (min <= 1 <= max, both positive), got "
+                             f"{self.min_factor:g} to {self.max_factor:g}")
+        if self.probe_requests < 1:
+            raise TunerError(f"probe requests must be at least 1, got {self.probe_requests}")
+        if self.warmup_requests < 0:
+            raise TunerError(f"warm-up requests must be at least 0, got {self.warmup_requests}")
+
+    @classmethod
+    def from_options(cls, mode: str, precision: float, probe_budget: int, load_range: str | None,
+                     probe_requests: int) -> LoadPolicy:
+        """The policy as people type it (`--load search --precision 0.1 --load-range 0.25:8 ...`); TunerError
+        for a value out of range."""
+        bounds = {}
+        if load_range is not None:
+            low, sep, high = load_range.partition(":")
+            try:
+                if not sep:
+                    raise ValueError
+                bounds = {"min_factor": float(low) if low.strip() else cls.min_factor,
+                          "max_factor": float(high) if high.strip() else cls.max_factor}
+            except ValueError:
+                raise TunerError(f"load range must be MIN:MAX multiples of the reference load, got {load_range!r}"
+                                 ) from None
+        return cls(mode=mode, precision=precision, probe_budget=probe_budget, probe_requests=probe_requests,
+                   **bounds)
+
+    def refuse_undecidable(self, bound: Boundary, trace_requests: int) -> None:
+        """TunerError for a load search whose probes at the reference load could never pass `bound`: a p95 limit
+        takes DECISIVE_REQUESTS requests a probe, and a probe there holds the trace's requests or the policy's
+        probe requests, whichever is more. Without it every trial would end "no load within the boundary"."""
+        limited = [name for name in PERCENTILE_LIMITS if getattr(bound, name) is not None]
+        held = max(self.probe_requests, trace_requests)
+        if self.mode == "search" and limited and held < DECISIVE_REQUESTS:
+            raise TunerError(f"a load search against p95 limits ({', '.join(limited)}) needs at least "
+                             f"{DECISIVE_REQUESTS} requests a probe, and one at the reference load would hold {held} "
+                             f"(the trace's {trace_requests}, --probe-requests {self.probe_requests}), so none could "
+                             f"pass: raise --probe-requests, or lift the limits (--limit NAME=none)")
+
+    @classmethod
+    def fixed(cls) -> LoadPolicy:
+        """One replay at the reference load: the behaviour of studies created before probes came."""
+        return cls(mode="fixed")
+
+    def to_dict(self) -> dict[str, Any]:
+        """As stored with the study."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> LoadPolicy:
+        """The policy `to_dict` gave; a study stored without one ran at a fixed load."""
+        if not data:
+            return cls.fixed()
+        return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
+
+    def plan(self, bound: Boundary, *, best_factor: float | None = None, below_reference: bool = False) -> LoadPlan:
+        """The plan a trial runs: a fixed load, or a search that first tries `best_factor` (the best capacity so
+        far, against the reference load) and, with `below_reference`, goes on below a failing reference load."""
+        if self.mode == "fixed":
+            return FixedLoad()
+        return LoadSearch(self, bound, best_factor, below_reference)
+
+
+@dataclass(frozen=True)
+class LoadSearch:
+    """Brackets and bisects the highest passing load of a trial, from the probes so far. The first probe is at
+    the reference load; then, if a best capacity so far is known, at that load (failing there, the trial cannot
+    beat it and the search ends); then up by doubling until a probe does not pass, and geometric bisection until
+    the bracket is within the precision or the probe budget is spent."""
+
+    policy: LoadPolicy
+    boundary: Boundary
+    best_factor: float | None = None
+    below_reference: bool = False
+
+    @property
+    def warmup_requests(self) -> int:
+        """The policy's warm-up: requests replayed before the first probe and kept out of every figure."""
+        return self.policy.warmup_requests
+
+    @property
+    def min_requests(self) -> int:
+        """The policy's requests per probe: each probe's trace is repeated until it holds at least this many."""
+        return self.policy.probe_requests
+
+    def next_factor(self, runs: Sequence[ProbeRun]) -> float | None:
+        """The next load, or None once the probes so far settle the capacity."""
+        if not runs:
+            return 1.0
+        if len(runs) >= self.policy.probe_budget:
+            return None
+        results = [(run.probe.factor, judge_probe(run.probe, run.records, self.boundary).verdict is Verdict.PASS)
+                   for run in runs]
+        return self._next(results, _carried(runs))
+
+    def _next(self, results: list[tuple[float, bool]], carried: float | None) -> float | None:
+        policy = self.policy
+        lo, hi = bracket(results)
+        if lo is None and not self.below_reference:
+            return None  # fails at the reference load: infeasible, whatever lies below
+        best = self.best_factor
+        if best is not None and lo is not None:
+            tried = [passed for factor, passed in results if math.isclose(factor, best)]
+            if tried and not tried[0]:
+                return None  # it cannot beat the best so far
+            if not tried and best > lo * (1 + policy.precision):
+                return best
+        if hi is None:
+            assert lo is not None
+            return None if lo >= policy.max_factor else min(lo * 2, policy.max_factor)
+        if lo is None:
+            if hi <= policy.min_factor:
+                return None
+            # Down by half, or straight to what the failing probe carried when that is lower: an overloaded
+            # engine completes about what it can sustain.
+            step = min(hi / 2, carried) if carried else hi / 2
+            return max(step, hi / 16, policy.min_factor)
+        if hi <= lo * (1 + policy.precision):
+            return None
+        return math.sqrt(lo * hi)
+
+
+def _carried(runs: Sequence[ProbeRun]) -> float | None:
+    """The load the lowest probe so far completed, against the reference (completed over offered req/s, times
+    its factor); None when it did not measure."""
+    lowest = min(runs, key=lambda run: run.probe.factor).probe
+    m = lowest.measurement
+    if m is None or not m.offered_rps or not m.completed_rps:
+        return None
+    return lowest.factor * m.completed_rps / m.offered_rps
+
+
+def bracket(results: Sequence[tuple[float, bool]]) -> tuple[float | None, float | None]:
+    """The highest load that passed, and the lowest above it that did not (None where there is none)."""
+    lo = max((f for f, passed in results if passed), default=None)
+    hi = min((f for f, passed in results if not passed and (lo is None or f > lo)), default=None)
+    return lo, hi
+
+
+@dataclass(frozen=True)
+class JudgedProbe:
+    """A probe with its verdict: what a trial keeps of each."""
+
+    probe: Probe
+    verdict: Verdict
+    reasons: list[str]
+
+    @classmethod
+    def of(cls, run: ProbeRun, bound: Boundary) -> JudgedProbe:
+        """A probe that ran, judged against the boundary."""
+        judgement = judge_probe(run.probe, run.records, bound)
+        return cls(run.probe, judgement.verdict, judgement.reasons)
+
+    def to_dict(self) -> dict[str, Any]:
+        """As stored."""
+        return {**self.probe.to_dict(), "verdict": self.verdict.value, "reasons": self.reasons}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> JudgedProbe:
+        """The judged probe `to_dict` gave."""
+        rest = {k: v for k, v in data.items() if k not in ("verdict", "reasons")}
+        return cls(Probe.from_dict(rest), Verdict(data["verdict"]), list(data["reasons"]))
+
+
+def capacity_of(judged: Sequence[JudgedProbe], policy: LoadPolicy, reference_scale: float,
+                best_factor: float | None = None, best_rps: float | None = None) -> Capacity:
+    """Sum a trial's judged probes up as its capacity. `reference_scale` is the reference load's rate against the
+    trace as recorded; `best_factor`/`best_rps` the best capacity so far, if the search tried it."""
+    results = [(j.probe.factor, j.verdict is Verdict.PASS) for j in judged]
+    lo, hi = bracket(results)
+    rps = {j.probe.factor: j.probe.offered_rps for j in judged}
+    edge = next((j for j in judged if j.probe.factor == hi), None)
+    if any(j.probe.engine_lost for j in judged):
+        ended = "the engine died during a probe"
+    elif lo is None:
+        ended = "no probe passed" + (f": the reference load {edge.verdict.value}ed" if edge and edge.probe.index == 0
+                                     else "")
+    elif best_factor is not None and hi is not None and math.isclose(hi, best_factor):
+        ended = f"below the best so far (< {best_rps:.3g} req/s)" if best_rps else "below the best so far"
+    elif hi is not None and hi <= lo * (1 + policy.precision):
+        ended = f"bracketed within {policy.precision:.0%}"
+    elif hi is None and lo >= policy.max_factor:
+        ended = f"passed at the highest load allowed (x{policy.max_factor:g} the reference)"
+    elif len(judged) >= policy.probe_budget:
+        ended = f"probe budget of {policy.probe_budget} spent"
+    else:
+        ended = "fails at the reference load"
+    if edge is not None and edge.verdict is Verdict.INCONCLUSIVE:
+        ended += f"; the load above it, {edge.probe.offered_rps or 0:.3g} req/s, was inconclusive"
+    return Capacity(rps=rps.get(lo) if lo is not None else None, factor=lo,
+                    rate_scale=lo * reference_scale if lo is not None else None,
+                    edge_rps=rps.get(hi) if hi is not None else None, probes=len(judged), ended=ended)

@@ -1,0 +1,267 @@
+"""Validation: vLLM's default configuration and a study's finalists launched again, R times each in interleaved
+order, and the gain of the best over the default stated with its 95% confidence interval.
+
+A configuration measured once can look better by chance (the best of many noisy measurements is biased
+upwards), so the recommendation of a validated study is the finalist with the best median over fresh launches,
+and its gain over the default is the ratio of their geometric means with a Welch t-interval on the log values:
+with few repeats the interval is wide, as it should be. Each launch is a trial of the study marked with a
+`ValidationMark`; this module reads those trials back and judges them. It needs no Ray and no engine.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tuner.storage import StoredTrial, TrialState, ValidationMark
+
+# Documented defaults, sized so that a study on one GPU stays short: the best configuration, twice, against the
+# default, twice.
+DEFAULT_TOP = 1
+DEFAULT_REPEATS = 2
+CONFIDENCE = 0.95
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One configuration in a validation: vLLM's default (`of_trial` None) or a search trial's."""
+
+    index: int
+    of_trial: int | None
+
+    @property
+    def label(self) -> str:
+        """How people read it: `vLLM's default`, `vLLM's default (again)` in an A/A check, `trial 3`."""
+        if self.of_trial is None:
+            return "vLLM's default" + (" (again)" if self.index > 0 else "")
+        return f"trial {self.of_trial}"
+
+
+def interleaved(arms: Sequence[Arm], repeats: int, run: int) -> list[ValidationMark]:
+    """Every arm `repeats` times, round by round (A B C A B C ...): drift of the machine over the validation then
+    hits every arm alike."""
+    if repeats < 2:
+        raise ValueError("a validation needs at least 2 repeats of each configuration to give an interval")
+    return [ValidationMark(run, r, repeats, arm.index, arm.of_trial) for r in range(1, repeats + 1) for arm in arms]
+
+
+@dataclass(frozen=True)
+class GainInterval:
+    """A ratio of two configurations' carried loads (the geometric means of their repeats) with its 95%
+    confidence interval (Welch's t on the log values) and the repeats behind each side."""
+
+    ratio: float
+    low: float
+    high: float
+    repeats: tuple[int, int]  # (the compared configuration's, the reference's)
+
+    @property
+    def includes_one(self) -> bool:
+        """Whether the measurement cannot tell the two apart (an end at 1 up to rounding counts)."""
+        return self.low <= 1.0 + 1e-9 and self.high >= 1.0 - 1e-9
+
+    def text(self) -> str:
+        """`x1.02, 95% CI 0.97-1.07, 3 repeats each`."""
+        a, b = self.repeats
+        each = f"{a} repeats each" if a == b else f"{a} and {b} repeats"
+        return f"x{self.ratio:.2f}, {CONFIDENCE:.0%} CI {self.low:.2f}-{self.high:.2f}, {each}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """For programs: the ratio, the interval's ends, the repeats and the confidence level."""
+        return {"ratio": self.ratio, "low": self.low, "high": self.high, "repeats": list(self.repeats),
+                "confidence": CONFIDENCE}
+
+
+def gain_interval(values: Sequence[float], reference: Sequence[float], resolution: float = 0.0) -> GainInterval:
+    """How much more `values` carries than `reference` (every value above 0, at least 2 of each): the ratio of
+    geometric means and its Welch t-interval on the logs, widened where narrower to the measurement's
+    `resolution` (a load search tells apart no capacities within its precision: 0.1 = 10%), which repeats that
+    happen to agree cannot make finer."""
+    from scipy import stats
+
+    if min(len(values), len(reference)) < 2 or min(*values, *reference) <= 0:
+        raise ValueError("an interval needs at least 2 values above 0 on each side")
+    logs_a, logs_b = [math.log(v) for v in values], [math.log(v) for v in reference]
+    diff = statistics.fmean(logs_a) - statistics.fmean(logs_b)
+    if len(set(logs_a)) == 1 and len(set(logs_b)) == 1:  # identical repeats on both sides: nothing to widen by
+        low = high = diff
+    else:
+        interval = stats.ttest_ind(logs_a, logs_b, equal_var=False).confidence_interval(CONFIDENCE)
+        low, high = float(interval.low), float(interval.high)
+    floor = math.log1p(resolution)
+    return GainInterval(math.exp(diff), math.exp(min(low, diff - floor)), math.exp(max(high, diff + floor)),
+                        (len(values), len(reference)))
+
+
+@dataclass(frozen=True)
+class ArmResult:
+    """One arm's launches in a validation: the trial numbers in the order they ran, what each carried (req/s
+    within the boundary; 0 for a launch that carried none or failed) and the median."""
+
+    arm: Arm
+    trials: tuple[int, ...]
+    values: tuple[float, ...]
+
+    @property
+    def median(self) -> float | None:
+        """The median of the arm's values so far, in the validation's unit; None before any launch."""
+        return statistics.median(self.values) if self.values else None
+
+    @property
+    def carried_every_time(self) -> bool:
+        """Whether every launch carried some load within the boundary (the ratio's logs need it)."""
+        return bool(self.values) and min(self.values) > 0
+
+    def to_dict(self) -> dict[str, Any]:
+        """For programs: the arm's label and trial, its launches' trial numbers and values, and the median."""
+        return {"label": self.arm.label, "of_trial": self.arm.of_trial, "trials": list(self.trials),
+                "values": list(self.values), "median": self.median}
+
+
+@dataclass(frozen=True)
+class Validation:
+    """A validation's verdict: each arm's launches, the arm with the best median, and the best finalist's gain
+    over vLLM's default with its interval (None when one of them carried nothing in some launch)."""
+
+    run: int
+    repeats: int  # as planned, per arm
+    arms: tuple[ArmResult, ...]  # the first is vLLM's default
+    order: tuple[int, ...]  # the trial numbers in the order they ran
+    unit: str  # what the values are: "req/s within the boundary" or "completed req/s"
+    resolution: float = 0.0  # values within this share of each other cannot be told apart (see gain_interval)
+
+    @property
+    def default(self) -> ArmResult:
+        """vLLM's default: the first arm."""
+        return self.arms[0]
+
+    @property
+    def against_itself(self) -> bool:
+        """An A/A check: vLLM's default against itself."""
+        return all(a.arm.of_trial is None for a in self.arms)
+
+    @property
+    def complete(self) -> bool:
+        """Whether every planned launch has been measured."""
+        return all(len(a.values) >= self.repeats for a in self.arms)
+
+    @property
+    def finalist(self) -> ArmResult:
+        """The contender against the default: the other arm with the best median."""
+        return max(self.arms[1:], key=lambda a: a.median if a.median is not None else -1.0)
+
+    @property
+    def gain(self) -> GainInterval | None:
+        """The finalist over the default; None when either carried nothing in some launch, or lacks 2 launches."""
+        a, b = self.finalist, self.default
+        if not (a.carried_every_time and b.carried_every_time and len(a.values) >= 2 and len(b.values) >= 2):
+            return None
+        return gain_interval(a.values, b.values, self.resolution)
+
+    @property
+    def keep_default(self) -> bool:
+        """Whether vLLM's default stays: it has the best median, or the finalist's gain cannot be told from 1 (or
+        has no interval)."""
+        if self.against_itself:
+            return True
+        gain = self.gain
+        if gain is not None:
+            return gain.includes_one or gain.ratio <= 1.0
+        d, f = self.default.median, self.finalist.median
+        return f is None or (d is not None and d >= f)
+
+    @property
+    def winner(self) -> ArmResult:
+        """The arm to recommend: the finalist only when it is better beyond noise."""
+        return self.default if self.keep_default else self.finalist
+
+    def sentence(self) -> str:
+        """The verdict in one sentence, with the interval and the repeats behind it."""
+        gain, d, f = self.gain, self.default, self.finalist
+        if self.against_itself:
+            if gain is None:
+                return (f"A/A check: vLLM's default against itself gave no interval (it carried no load within "
+                        f"the boundary in {_zero_count(d, f)} launches)")
+            verdict = ("includes 1, as it must for identical configurations" if gain.includes_one else
+                       "excludes 1: at this many repeats the measurement calls identical configurations different")
+            return f"A/A check: vLLM's default against itself ({gain.text()}): the interval {verdict}"
+        if gain is None:
+            nothing = [a for a in (f, d) if not a.carried_every_time]
+            why = "; ".join(f"{a.arm.label} carried no load within the boundary in "
+                            f"{sum(v <= 0 for v in a.values)} of {len(a.values)} launches" for a in nothing)
+            pick = "keep vLLM's default" if self.keep_default else f"{f.arm.label} is recommended"
+            return f"no interval for {f.arm.label} against vLLM's default ({why}): {pick}"
+        if not self.keep_default:
+            return f"{f.arm.label} carries more than vLLM's default ({gain.text()}): recommended"
+        if gain.ratio <= 1.0:
+            return (f"vLLM's default carries at least as much as the best configuration found ({f.arm.label}: "
+                    f"{gain.text()}): keep it")
+        return f"vLLM's default is within noise of the best configuration found ({f.arm.label}: {gain.text()}): keep it"
+
+    def to_dict(self) -> dict[str, Any]:
+        """For programs: the arms, the order, the gain with its interval, and the verdict."""
+        gain = self.gain
+        return {"run": self.run, "repeats": self.repeats, "unit": self.unit, "complete": self.complete,
+                "against_itself": self.against_itself, "arms": [a.to_dict() for a in self.arms],
+                "order": list(self.order), "gain": gain.to_dict() if gain else None,
+                "keep_default": self.keep_default, "recommended": self.winner.arm.label,
+                "sentence": self.sentence()}
+
+
+def _zero_count(*arms: ArmResult) -> str:
+    zero = sum(v <= 0 for a in arms for v in a.values)
+    return f"{zero} of {sum(len(a.values) for a in arms)}"
+
+
+def launch_value(trial: StoredTrial, searched: bool) -> float | None:
+    """What one validation launch carried: after a load search its capacity (0 when no load passed), at a fixed
+    load its completed req/s when within the boundary (else 0); 0 for a launch that failed; None for one that did
+    not finish (stopped, lost: it is run again)."""
+    if trial.state is TrialState.FAILED:
+        return 0.0
+    score = trial.scored
+    if trial.state is not TrialState.COMPLETE or score is None:
+        return None
+    if searched:
+        return score.capacity.rps or 0.0 if score.capacity is not None else 0.0
+    return score.completed_rps if score.feasible else 0.0
+
+
+def validations(trials: Sequence[StoredTrial], searched: bool, resolution: float = 0.0) -> list[Validation]:
+    """Every validation of a study, oldest first, judged from its marked trials; `resolution` as in
+    `gain_interval`."""
+    runs: dict[int, list[StoredTrial]] = {}
+    for t in sorted(trials, key=lambda t: t.trial_number):
+        if t.validation is not None:
+            runs.setdefault(t.validation.run, []).append(t)
+    return [_judge(run, marked, searched, resolution) for run, marked in sorted(runs.items())]
+
+
+def latest_validation(trials: Sequence[StoredTrial], searched: bool, resolution: float = 0.0, *,
+                      against_itself: bool = False) -> Validation | None:
+    """The newest complete validation of the kind asked for (of finalists, or an A/A check); None when none."""
+    done = [v for v in validations(trials, searched, resolution) if v.complete and v.against_itself == against_itself]
+    return done[-1] if done else None
+
+
+def _judge(run: int, marked: list[StoredTrial], searched: bool, resolution: float) -> Validation:
+    arms: dict[int, Arm] = {}
+    launches: dict[int, list[tuple[int, float]]] = {}
+    order = []
+    for t in marked:
+        mark = t.validation
+        assert mark is not None
+        arms.setdefault(mark.arm, Arm(mark.arm, mark.of_trial))
+        value = launch_value(t, searched)
+        if value is None:
+            continue
+        order.append(t.trial_number)
+        launches.setdefault(mark.arm, []).append((t.trial_number, value))
+    repeats = max(t.validation.repeats for t in marked if t.validation is not None)
+    results = tuple(ArmResult(arm, tuple(n for n, _ in launches.get(i, [])), tuple(v for _, v in launches.get(i, [])))
+                    for i, arm in sorted(arms.items()))
+    return Validation(run, repeats, results, tuple(order),
+                      "req/s within the boundary" if searched else "completed req/s within the boundary", resolution)
