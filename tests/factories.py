@@ -18,7 +18,7 @@ from tuner.workers.engine_config import EngineConfig
 from tuner.workers.failures import classify_failure
 from tuner.workers.measure import Measurement, Percentiles, TrialTimings, measure
 from tuner.workers.probes import Probe
-from tuner.workers.trial import TrialRecord
+from tuner.workers.trial import TrialRecord, TrialTrace
 from tuner.workers.replay import Outcome, ReplayResult, RequestRecord
 
 # --- inputs of the real runs ------------------------------------------------------------------------------
@@ -121,7 +121,7 @@ def trial_record(records: list[RequestRecord], *, died: bool) -> TrialRecord:
     return TrialRecord(
         model="/models/tiny", engine_config=EngineConfig(max_num_seqs=64, enable_prefix_caching=True),
         serve_command="vllm serve /models/tiny --max-num-seqs 64",
-        trace={"source": "azure_conv_2023.csv", "sha256": "ab" * 32}, hardware=MACHINE,
+        trace=TrialTrace("azure_conv_2023.csv", "azure", "ab" * 32, len(records), 3.0, []), hardware=MACHINE,
         vllm_version="0.32.0", started_at="2025-05-01T10:05:00+00:00", timings=TrialTimings(12.5, 3.0, 0.5),
         measurement=measure(ReplayResult(records, 3.0, None, None)),
         failure=classify_failure(-9, log, was_serving=True) if died else None, log_path="/tmp/trial-3.log",

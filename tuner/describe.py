@@ -3,13 +3,16 @@ it was measured on, the vLLM version and the trace."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
 
 from tuner.diagnosis import EngineCaps, LimitingResource, limiting_resource
 from tuner.hardware import HardwareInfo
+from tuner.traces.selection import TraceSelection
 
 if TYPE_CHECKING:
     from tuner.storage import StoredTrial, StudySettings
+    from tuner.workers.measure import Measurement
     from tuner.scoring import Boundary, Capacity
     from tuner.study.recommendation import Recommendation
 
@@ -58,21 +61,53 @@ def throughput_line(completed_rps: float, e2e_p95_s: float, capacity_rps: float 
     return f"{carried}, p95 e2e {e2e_p95_s:.2f} s at your traffic"
 
 
-def recommendation_context(rec: Recommendation, settings: StudySettings) -> dict:
-    """What every stated recommendation carries: its boundary, the machine, vLLM and the trace."""
-    t = rec.trial
-    return {"boundary": rec.boundary.to_dict(), "boundary_text": boundary_line(rec.boundary),
-            "hardware": t.to_dict()["hardware"], "measured_on": hardware_line(t.hardware),
-            "vllm_version": t.vllm_version,
-            "trace": {"path": settings.trace_path, "sha256": settings.trace_sha256,
-                      "selection": settings.trace_selection.to_dict()}}
+@dataclass(frozen=True)
+class RecommendationContext:
+    """What every stated recommendation carries: the boundary it meets, the machine it was measured on, the vLLM
+    version and the trace (its path, the sha256 of its bytes and the selection replayed)."""
+
+    boundary: Boundary
+    hardware: HardwareInfo | None  # None: the trial recorded no machine
+    vllm_version: str
+    trace_path: str
+    trace_sha256: str
+    selection: TraceSelection
+
+    @classmethod
+    def of(cls, rec: Recommendation, settings: StudySettings) -> RecommendationContext:
+        """The context of a study's recommendation."""
+        t = rec.trial
+        return cls(rec.boundary, t.hardware, t.vllm_version, settings.trace_path, settings.trace_sha256,
+                   settings.trace_selection)
+
+    def to_dict(self) -> dict[str, Any]:
+        """As answers and the morning summary state it (the service's `StatedContext`): the boundary and the
+        machine in words beside their figures."""
+        return {"boundary": self.boundary.to_dict(), "boundary_text": boundary_line(self.boundary),
+                "hardware": self.hardware.to_dict() if self.hardware else {},
+                "measured_on": hardware_line(self.hardware), "vllm_version": self.vllm_version,
+                "trace": {"path": self.trace_path, "sha256": self.trace_sha256,
+                          "selection": self.selection.to_dict()}}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RecommendationContext:
+        """The context `to_dict` gave (the words are made again from the figures)."""
+        from tuner.scoring import Boundary
+
+        trace = data["trace"]
+        return cls(Boundary(**data["boundary"]), HardwareInfo.from_dict(data["hardware"]) if data["hardware"] else None,
+                   data["vllm_version"], trace["path"], trace["sha256"], TraceSelection.from_dict(trace["selection"]))
+
+    def line(self) -> str:
+        """The context in words."""
+        return context_line(boundary_line(self.boundary), hardware_line(self.hardware), self.vllm_version,
+                            self.trace_path, self.trace_sha256)
 
 
-def context_line(context: dict) -> str:
-    """recommendation_context in words."""
-    trace = context["trace"]
-    return (f"meets the {context['boundary_text']} boundary; measured on {context['measured_on']}, vLLM "
-            f"{context['vllm_version']}, trace {trace['path']} (sha256 {trace['sha256'][:12]})")
+def context_line(boundary_text: str, measured_on: str, vllm_version: str, trace_path: str, trace_sha256: str) -> str:
+    """Where a recommendation holds, in words: the boundary it meets, the machine, vLLM and the trace."""
+    return (f"meets the {boundary_text} boundary; measured on {measured_on}, vLLM {vllm_version}, trace "
+            f"{trace_path} (sha256 {trace_sha256[:12]})")
 
 
 def baseline_dict(base: StoredTrial) -> dict:
@@ -82,25 +117,26 @@ def baseline_dict(base: StoredTrial) -> dict:
             "score": base.score.to_dict() if base.score else {}}
 
 
-def _measurement_summary(measurement: dict) -> dict:
+def _measurement_summary(m: Measurement) -> dict[str, Any]:
     """A recommendation's measurement in brief; the offered load only where it was measured (since load probes),
     so that older answers keep their shape."""
-    keys = ("completed", "requests", "completed_rps", "output_tps", "ttft_s", "e2e_s", "queue_s_p95", "preemptions")
-    summary = {k: measurement[k] for k in keys}
-    if measurement.get("offered_rps") is not None:
-        summary["offered_rps"] = measurement["offered_rps"]
+    summary = {"completed": m.completed, "requests": m.requests, "completed_rps": m.completed_rps,
+               "output_tps": m.output_tps, "ttft_s": asdict(m.ttft_s), "e2e_s": asdict(m.e2e_s),
+               "queue_s_p95": m.queue_s_p95, "preemptions": m.preemptions}
+    if m.offered_rps is not None:
+        summary["offered_rps"] = m.offered_rps
     return summary
 
 
-def recommendation_dict(rec: Recommendation, settings: StudySettings) -> dict:
+def recommendation_dict(rec: Recommendation, settings: StudySettings) -> dict[str, Any]:
     """A recommendation for programs: the command, the boundary, the machine, vLLM, the trace, and the validation
     that states its gain over vLLM's default with an interval (None: not validated)."""
-    t = rec.trial.to_dict()
+    t = rec.trial
     return {
-        "study": settings.name, "trial": t["trial_number"], "serve_command": t["serve_command"],
-        "engine_config": t["engine_config"], **recommendation_context(rec, settings),
-        "score": t["score"],
-        "measurement": _measurement_summary(t["measurement"]),
+        "study": settings.name, "trial": t.trial_number, "serve_command": t.serve_command,
+        "engine_config": t.engine_config.to_dict(), **RecommendationContext.of(rec, settings).to_dict(),
+        "score": t.score.to_dict() if t.score else {},
+        "measurement": _measurement_summary(t.measurement) if t.measurement else None,
         "baseline": baseline_dict(rec.baseline) if rec.baseline else None,
         "validation": rec.validation.to_dict() if rec.validation else None,
     }

@@ -86,7 +86,7 @@ class _Run:
             lines = [line for line in end.stderr.splitlines() if line.strip()]
             error = lines[-1] if lines else f"exit code {end.exit_code}"
         return replace(record, state=end.state, ended_at=end.ended_at, exit_code=end.exit_code, error=error,
-                       result=RunReport.from_dict(end.result) if end.result is not None else None)
+                       result=end.result)
 
 
 class RunBook:

@@ -37,7 +37,7 @@ from sqlalchemy import insert, select, update
 
 from tuner.storage import StoredTrial, TrialState
 from tuner.storage.schema import SCHEDULE_JOBS_TABLE, ScheduleRunRow
-from tuner.describe import context_line, recommendation_context, throughput_line
+from tuner.describe import RecommendationContext, throughput_line
 from tuner.errors import NotFound, TunerError
 from tuner.scoring import Capacity
 from tuner.study.plan import StoragePlan, load_optuna_study
@@ -113,8 +113,8 @@ _BEST_KEYS = ("trial", "completed_rps", "e2e_p95_s", "serve_command", "validatio
 @dataclass(frozen=True)
 class ScheduleBest:
     """A study's recommendation as a schedule's run found it: its trial, completed throughput, p95 end-to-end latency
-    and `vllm serve` command, its validation's verdict, where it was measured (`recommendation_context`: the
-    boundary, the machine, vLLM and the trace), and after a load search its capacity. Summaries written before
+    and `vllm serve` command, its validation's verdict, where it was measured (the boundary, the machine, vLLM
+    and the trace), and after a load search its capacity. Summaries written before
     verdicts, contexts or capacities were kept have None."""
 
     trial: int
@@ -122,7 +122,7 @@ class ScheduleBest:
     e2e_p95_s: float
     serve_command: str
     validation: str | None = None  # the verdict, or "not validated"
-    context: dict | None = None  # tuner.describe.recommendation_context
+    context: RecommendationContext | None = None
     capacity: Capacity | None = None  # None: the study measures at a fixed load
 
     def to_dict(self) -> dict:
@@ -133,14 +133,14 @@ class ScheduleBest:
             own["validation"] = self.validation
         if self.capacity is not None:
             own["capacity"] = self.capacity.to_dict()
-        return {**own, **(self.context or {})}
+        return {**own, **(self.context.to_dict() if self.context else {})}
 
     @classmethod
     def from_dict(cls, data: dict) -> ScheduleBest:
         """The best `to_dict` gave."""
         context = {key: value for key, value in data.items() if key not in _BEST_KEYS}
         return cls(data["trial"], data["completed_rps"], data["e2e_p95_s"], data["serve_command"],
-                   data.get("validation"), context or None,
+                   data.get("validation"), RecommendationContext.from_dict(context) if context else None,
                    Capacity.from_dict(data["capacity"]) if data.get("capacity") else None)
 
     def line(self) -> str:
@@ -202,7 +202,7 @@ class ScheduleRun:
         else:
             lines.append(f"best unchanged: {self.best.line()}")
         if self.best is not None and self.best.context is not None:
-            lines.append(f"  {context_line(self.best.context)}")
+            lines.append(f"  {self.best.context.line()}")
         if self.best is not None:  # a gain only with its interval: the validation's verdict, or "not validated"
             lines.append(f"  {self.best.validation if self.best.validation is not None else 'not validated'}")
         if self.stopped_early:
@@ -440,7 +440,7 @@ class ScheduleBook:
         return numbers, ScheduleBest(rec.trial.trial_number, score.completed_rps, score.e2e_p95_s,
                                      rec.trial.serve_command,
                                      rec.validation.sentence() if rec.validation else "not validated",
-                                     recommendation_context(rec, settings), score.capacity)
+                                     RecommendationContext.of(rec, settings), score.capacity)
 
     def _run(self, name: str, study: str, cron: str, window_s: float, trials: int | None) -> None:
         started = self._now()
@@ -487,7 +487,7 @@ class ScheduleBook:
             if end is None:
                 child.stop("it was still running well past its window's end")
                 end = child.wait()
-        stopped_early = end.result.get("stopped_early") if end.result else None
+        stopped_early = end.result.stopped_early if end.result else None
         if end.state is RunState.STOPPED:
             return end.state, stopped_early, f"the run was stopped: {end.stopped_why}"
         if end.state is RunState.FAILED:

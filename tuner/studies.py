@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional, Protocol, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tuner.describe import baseline_dict, recommendation_context, recommendation_dict
+from tuner.describe import RecommendationContext, baseline_dict, recommendation_dict
 from tuner.errors import TunerError
 from tuner.kv_budget import ModelMemory
 
@@ -585,7 +585,7 @@ class LocalStudies:
             "name": name, "boundary": settings.boundary, "trials": len(stored), "by_state": states,
             "running": running, "waiting": waiting,
             "best": {"trial": rec.trial.trial_number, **rec.trial.scored.to_dict(),
-                     "serve_command": rec.trial.serve_command, **recommendation_context(rec, settings),
+                     "serve_command": rec.trial.serve_command, **RecommendationContext.of(rec, settings).to_dict(),
                      "limiting_resource": held_by(rec.trial)}
             if rec else None,
             "baseline": {**baseline_dict(base), "limiting_resource": held_by(base)} if base else None,

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
+from tuner.study.events import RunReport
 from tuner.workers.process_group import die_with_parent
 
 STOP_GRACE_S = 60.0  # a child told to stop gets this long to stop its engines and record its trials, then is killed
@@ -43,7 +44,7 @@ class StudyRunEnd:
     exit_code: int
     ended_at: float  # time.time() when it exited
     stopped_why: str | None  # why it was told to stop, if it was
-    result: dict | None  # what `tuner study run --json` printed, if it printed a JSON object
+    result: RunReport | None  # what `tuner study run --json` printed, if it printed a run's report
     stderr: str
 
 
@@ -105,14 +106,14 @@ class StudyRunChild:
         ended_at = time.time()
         text = (self.folder / STDOUT_FILE).read_text(errors="replace").strip()
         try:
-            result = json.loads(text) if text else None
-        except json.JSONDecodeError:
-            result = None
+            result = RunReport.from_dict(json.loads(text)) if text else None
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError):
+            result = None  # not a run's report (a crash, an error's JSON): what went wrong is in its stderr
         with self._stop_lock:
             stopped_why = self._stopped_why
         state = (RunState.STOPPED if stopped_why is not None
                  else RunState.FINISHED if exit_code == 0 else RunState.FAILED)
-        self._end = StudyRunEnd(state, exit_code, ended_at, stopped_why, result if isinstance(result, dict) else None,
+        self._end = StudyRunEnd(state, exit_code, ended_at, stopped_why, result,
                                 (self.folder / STDERR_FILE).read_text(errors="replace"))
         self._ended.set()
 

@@ -24,13 +24,32 @@ from tuner.workers.server_metrics import TimelineSample
 
 
 @dataclass(frozen=True)
+class TrialTrace:
+    """What a trial record keeps of its trace: source, format, sha256, request count, span in seconds and the
+    transformations, each in words (`Transformation.describe`)."""
+
+    source: str
+    format: str
+    sha256: str
+    requests: int
+    span_s: float
+    transformations: list[str]
+
+    @classmethod
+    def of(cls, trace: Trace) -> TrialTrace:
+        """The summary of a trace as replayed."""
+        return cls(trace.source, trace.format, trace.sha256, len(trace.requests), trace.span_s,
+                   [t.describe() for t in trace.transformations])
+
+
+@dataclass(frozen=True)
 class TrialRecord:
     """One trial, whole: what was tried, on what, against which trace, and what came of it."""
 
     model: str
     engine_config: EngineConfig
     serve_command: str
-    trace: dict  # source, format, sha256, requests, span, transformations
+    trace: TrialTrace
     hardware: HardwareInfo
     vllm_version: str
     started_at: str  # ISO 8601, UTC
@@ -101,16 +120,6 @@ def vllm_version() -> str:
     return "unknown"
 
 
-def trace_summary(trace: Trace) -> dict:
-    """What a trial record keeps of its trace: source, format, sha256, request count, span in seconds and the
-    transformations, described."""
-    return {
-        "source": trace.source, "format": trace.format, "sha256": trace.sha256,
-        "requests": len(trace.requests), "span_s": trace.span_s,
-        "transformations": [t.describe() for t in trace.transformations],
-    }
-
-
 def run_trial(spec: TrialSpec, *, on_request_done: Callable[[RequestRecord], None] | None = None,
               on_phase: Callable[[str], None] | None = None) -> TrialOutcome:
     """Launch the engine, run the probes its load plan asks for (each ended early if the stop rule gives a
@@ -122,7 +131,7 @@ def run_trial(spec: TrialSpec, *, on_request_done: Callable[[RequestRecord], Non
     log_path = spec.out_dir / "server.log"
     base = dict(model=str(spec.model), engine_config=spec.config,
                 serve_command=spec.config.serve_command(str(spec.model), list(spec.extra_args)),
-                trace=trace_summary(spec.trace),
+                trace=TrialTrace.of(spec.trace),
                 hardware=detect_hardware(), vllm_version=vllm_version(), started_at=started_at,
                 log_path=str(log_path))
     phase("starting engine")

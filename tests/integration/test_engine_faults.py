@@ -304,7 +304,7 @@ def test_with_fit_clip_every_request_is_served_and_the_clipped_count_is_recorded
     trace = load_trace(AZURE_CONV, TraceSelection(**LONG_SELECTION, fit="clip"), CONTEXT)
     config = EngineConfig(max_model_len=CONTEXT, enforce_eager=True, kv_cache_memory_bytes=KV_BYTES)
     outcome = run_trial(TrialSpec(tiny_model, trace, config, tmp_path))
-    fit_step = outcome.record.trace["transformations"][-1]
+    fit_step = outcome.record.trace.transformations[-1]
     clipped = re.fullmatch(rf"fit_clip\(max_model_len={CONTEXT}, mode=clip, .*\): (\d+) requests affected", fit_step)
     assert clipped and int(clipped.group(1)) == len(refused) + len(cut), fit_step
     assert json.loads((tmp_path / "measurement.json").read_text())["trace"]["transformations"][-1] == fit_step

@@ -19,6 +19,7 @@ from tuner.scoring import Rejection, Score, boundary
 from tuner.study.recommendation import Recommendation, gain_sentence
 from tuner.traces.records import Trace, TraceRequest
 from tuner.traces.selection import TraceSelection
+from tuner.workers.trial import TrialTrace
 from tuner.workers.engine_config import EngineConfig
 from tuner.workers.measure import Measurement, Percentiles, TrialTimings
 from tuner.workers.replay import Outcome, RequestRecord
@@ -495,7 +496,7 @@ def test_trial_table_says_where_its_queue_figures_come_from(source, shown):
     from factories import request_records, trial_record
 
     record = replace(trial_record(request_records(3), died=False),
-                     trace={"source": "azure_conv_2023.csv", "requests": 3, "span_s": 0.5, "transformations": []},
+                     trace=TrialTrace("azure_conv_2023.csv", "azure", "ab" * 32, 3, 0.5, []),
                      measurement=measurement(queue_s_p50=0.004, queue_s_p95=0.09, queue_source=source))
     console = Console(width=200, record=True)
     console.print(_trial_table(record))

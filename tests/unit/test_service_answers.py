@@ -11,7 +11,7 @@ from types import SimpleNamespace
 from fastapi.testclient import TestClient
 
 from factories import MACHINE
-from tuner.describe import boundary_line, hardware_line
+from tuner.describe import RecommendationContext, boundary_line, hardware_line
 from tuner.runs import RunRecord
 from tuner.schedules import Schedule, ScheduleRun
 from tuner.scoring import BOUNDARIES, Capacity, Score
@@ -110,6 +110,16 @@ def test_the_morning_summary_states_a_load_searched_best_by_its_capacity():
     assert searched.capacity == SCORE.capacity and fixed.capacity is None
     assert searched.line() == "trial 3: capacity 2.5 req/s, p95 e2e 12.00 s at your traffic"
     assert fixed.line() == "trial 1: 1.500 req/s, p95 e2e 12.00 s"
+
+
+def test_the_morning_summary_reads_its_best_context_back_as_the_typed_record():
+    context = SCHEDULE_RUNS[0].best.context
+    assert context == RecommendationContext(BOUNDARIES["interactive"], MACHINE, "0.11.0", "/traces/azure.csv",
+                                            "ab" * 32, TraceSelection((300, 400), 8, 100.0, "clip"))
+    assert context.to_dict() == CONTEXT
+    assert context.line() == (f"meets the {CONTEXT['boundary_text']} boundary; measured on {hardware_line(MACHINE)}, "
+                              "vLLM 0.11.0, trace /traces/azure.csv (sha256 abababababab)")
+    assert SCHEDULE_RUNS[3].best.context is None  # a summary stored before contexts were kept
 
 
 def test_the_openapi_document_types_the_run_and_schedule_answers():

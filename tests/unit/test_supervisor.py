@@ -3,6 +3,7 @@ that a stopped child is killed when it outlasts its grace, and that a child dies
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import psutil
 
+from tuner.study.events import RunReport
 from tuner.supervisor import RunState, StudyRunChild
 
 IGNORES_SIGTERM = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); " \
@@ -24,9 +26,12 @@ def start(code: str, folder: Path) -> StudyRunChild:
 
 
 def test_the_end_says_what_the_child_printed_and_how_it_exited(tmp_path):
-    done = start("import json; print(json.dumps({'stopped_early': None}))", tmp_path / "done").wait(30)
-    assert (done.state, done.exit_code, done.result, done.stopped_why) == (RunState.FINISHED, 0,
-                                                                          {"stopped_early": None}, None)
+    report = RunReport([], "the time budget was spent", "not validated")
+    done = start(f"print({json.dumps(report.to_dict())!r})", tmp_path / "done").wait(30)
+    assert (done.state, done.exit_code, done.result, done.stopped_why) == (RunState.FINISHED, 0, report, None)
+    # JSON that is no run's report (an error's, say) is no result: what went wrong is in the child's stderr.
+    other = start("import json, sys; print(json.dumps({'error': 'x'})); sys.exit(1)", tmp_path / "other").wait(30)
+    assert (other.state, other.result) == (RunState.FAILED, None)
     failed = start("import sys; sys.exit('error: no study named s')", tmp_path / "failed").wait(30)
     assert (failed.state, failed.exit_code, failed.result, failed.stderr) == (RunState.FAILED, 1, None,
                                                                              "error: no study named s\n")

@@ -51,9 +51,10 @@ def summary_line(s: TrialSummary) -> str:
 def best_so_far_line(best: BestSoFar) -> Text:
     """The best trial so far in one line: its throughput, latency and the context it was measured in."""
     capacity = best.capacity
+    where = context_line(best.boundary_text, best.measured_on, best.vllm_version, best.trace.path, best.trace.sha256)
     return Text(f"trial {best.trial}: "
                 f"{throughput_line(best.completed_rps, best.e2e_p95_s, capacity and capacity.rps, bool(capacity))}; "
-                f"{context_line(best.to_dict())}" + _limited_by(best.limiting_resource))
+                f"{where}" + _limited_by(best.limiting_resource))
 
 
 def _limited_by(held_by: LimitingResourceAnswer | None) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Optional
@@ -128,7 +129,7 @@ def _run_dict(run: CompareRun) -> dict:
             "failure": run.failure, "out_dir": str(run.out_dir) if run.out_dir else None,
             "engine_config": record.engine_config.to_dict() if record else None,
             "serve_command": record.serve_command if record else None,
-            "trace": record.trace if record else None,
+            "trace": asdict(record.trace) if record else None,
             "measurement": run.measurement.to_dict() if run.measurement else None,
             "score": run.score.to_dict() if run.score else None,
             "probes": [j.to_dict() for j in run.probes],

@@ -32,9 +32,9 @@ def _trial_table(record) -> Table:
     table.add_row("command", Text(record.serve_command))
     table.add_row("hardware", record.hardware.describe())
     table.add_row("vLLM", record.vllm_version)
-    table.add_row("trace", Text(f"{record.trace['source']} ({record.trace['requests']} requests, "
-                                f"{record.trace['span_s']:.1f} s)"))
-    for step in record.trace["transformations"]:
+    trace = record.trace
+    table.add_row("trace", Text(f"{trace.source} ({trace.requests} requests, {trace.span_s:.1f} s)"))
+    for step in trace.transformations:
         table.add_row("", step)
     t = record.timings
     table.add_row("time", f"startup {t.startup_s:.1f} s, replay {t.replay_s:.1f} s, teardown {t.teardown_s:.1f} s")
