@@ -98,15 +98,18 @@ class RecommendationContext:
         return cls(Boundary(**data["boundary"]), HardwareInfo.from_dict(data["hardware"]) if data["hardware"] else None,
                    data["vllm_version"], trace["path"], trace["sha256"], TraceSelection.from_dict(trace["selection"]))
 
-    def line(self) -> str:
-        """The context in words."""
+    def line(self, meets: bool = True) -> str:
+        """The context in words (`context_line`)."""
         return context_line(boundary_line(self.boundary), hardware_line(self.hardware), self.vllm_version,
-                            self.trace_path, self.trace_sha256)
+                            self.trace_path, self.trace_sha256, meets)
 
 
-def context_line(boundary_text: str, measured_on: str, vllm_version: str, trace_path: str, trace_sha256: str) -> str:
-    """Where a recommendation holds, in words: the boundary it meets, the machine, vLLM and the trace."""
-    return (f"meets the {boundary_text} boundary; measured on {measured_on}, vLLM {vllm_version}, trace "
+def context_line(boundary_text: str, measured_on: str, vllm_version: str, trace_path: str, trace_sha256: str,
+                 meets: bool = True) -> str:
+    """Where a recommendation holds, in words: the boundary it meets at your traffic (or, `meets` False, falls
+    short of there), the machine, vLLM and the trace."""
+    within = "meets" if meets else "falls short at your traffic of"
+    return (f"{within} the {boundary_text} boundary; measured on {measured_on}, vLLM {vllm_version}, trace "
             f"{trace_path} (sha256 {trace_sha256[:12]})")
 
 

@@ -41,7 +41,7 @@ from tuner.describe import RecommendationContext, throughput_line
 from tuner.errors import NotFound, TunerError
 from tuner.scoring import Capacity
 from tuner.study.plan import StoragePlan, load_optuna_study
-from tuner.study.recommendation import recommend
+from tuner.study.recommendation import recommend, shortfall_sentence
 from tuner.supervisor import RunState, StudyRunChild, run_env, study_run_argv
 
 POLL_S = 5.0  # how often the host looks for schedules that other processes added or made due
@@ -107,7 +107,8 @@ class ScheduleTrial:
         return cls(**{**data, "state": TrialState(data["state"])})
 
 
-_BEST_KEYS = ("trial", "completed_rps", "e2e_p95_s", "serve_command", "validation", "capacity")  # the rest: context
+# The best's own keys in a stored morning summary; the rest are its context's.
+_BEST_KEYS = ("trial", "completed_rps", "e2e_p95_s", "serve_command", "validation", "capacity", "violations")
 
 
 @dataclass(frozen=True)
@@ -124,6 +125,8 @@ class ScheduleBest:
     validation: str | None = None  # the verdict, or "not validated"
     context: RecommendationContext | None = None
     capacity: Capacity | None = None  # None: the study measures at a fixed load
+    # How it breaks the boundary at your traffic: a best that carries only part of it (no configuration does)
+    violations: tuple[str, ...] = ()
 
     def to_dict(self) -> dict:
         """As the morning summary stores it: the context's keys beside the best's own; what it lacks left out."""
@@ -133,6 +136,8 @@ class ScheduleBest:
             own["validation"] = self.validation
         if self.capacity is not None:
             own["capacity"] = self.capacity.to_dict()
+        if self.violations:
+            own["violations"] = list(self.violations)
         return {**own, **(self.context.to_dict() if self.context else {})}
 
     @classmethod
@@ -141,13 +146,15 @@ class ScheduleBest:
         context = {key: value for key, value in data.items() if key not in _BEST_KEYS}
         return cls(data["trial"], data["completed_rps"], data["e2e_p95_s"], data["serve_command"],
                    data.get("validation"), RecommendationContext.from_dict(context) if context else None,
-                   Capacity.from_dict(data["capacity"]) if data.get("capacity") else None)
+                   Capacity.from_dict(data["capacity"]) if data.get("capacity") else None,
+                   tuple(data.get("violations") or ()))
 
     def line(self) -> str:
         """Its trial, throughput (after a load search, its capacity) and latency in words."""
         capacity_rps = self.capacity.rps if self.capacity else None
         carried = throughput_line(self.completed_rps, self.e2e_p95_s, capacity_rps, searched=self.capacity is not None)
-        return f"trial {self.trial}: {carried}"
+        shortfall = f"; {shortfall_sentence(list(self.violations))}" if self.violations else ""
+        return f"trial {self.trial}: {carried}{shortfall}"
 
 
 @dataclass(frozen=True)
@@ -202,7 +209,7 @@ class ScheduleRun:
         else:
             lines.append(f"best unchanged: {self.best.line()}")
         if self.best is not None and self.best.context is not None:
-            lines.append(f"  {self.best.context.line()}")
+            lines.append(f"  {self.best.context.line(meets=not self.best.violations)}")
         if self.best is not None:  # a gain only with its interval: the validation's verdict, or "not validated"
             lines.append(f"  {self.best.validation if self.best.validation is not None else 'not validated'}")
         if self.stopped_early:
@@ -440,7 +447,7 @@ class ScheduleBook:
         return numbers, ScheduleBest(rec.trial.trial_number, score.completed_rps, score.e2e_p95_s,
                                      rec.trial.serve_command,
                                      rec.validation.sentence() if rec.validation else "not validated",
-                                     RecommendationContext.of(rec, settings), score.capacity)
+                                     RecommendationContext.of(rec, settings), score.capacity, tuple(score.violations))
 
     def _run(self, name: str, study: str, cron: str, window_s: float, trials: int | None) -> None:
         started = self._now()

@@ -205,6 +205,8 @@ class ScheduleBestAnswer(Answer):
     # Absent from summaries written before validations; the schedule answers leave out what was not given.
     validation: Optional[str] = None
     capacity: Optional[CapacityAnswer] = None  # after a load search; absent from older summaries
+    # How it breaks the boundary at your traffic, when no configuration tried carries it; absent otherwise.
+    violations: Optional[list[str]] = None
 
 
 # The best as summaries have carried it since its context was added; before that, ScheduleBestAnswer alone.

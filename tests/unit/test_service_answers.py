@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 from factories import MACHINE
 from tuner.describe import RecommendationContext, boundary_line, hardware_line
 from tuner.runs import RunRecord
-from tuner.schedules import Schedule, ScheduleRun
+from tuner.schedules import Schedule, ScheduleBest, ScheduleRun
 from tuner.scoring import BOUNDARIES, Capacity, Score
 from tuner.service import build_api
 from tuner.storage import TrialState, ValidationMark
@@ -110,6 +110,17 @@ def test_the_morning_summary_states_a_load_searched_best_by_its_capacity():
     assert searched.capacity == SCORE.capacity and fixed.capacity is None
     assert searched.line() == "trial 3: capacity 2.5 req/s, p95 e2e 12.00 s at your traffic"
     assert fixed.line() == "trial 1: 1.500 req/s, p95 e2e 12.00 s"
+
+
+def test_a_morning_summarys_best_that_carries_only_part_of_your_traffic_says_so():
+    short = replace(SCHEDULE_RUNS[0].best, violations=("ttft_p95_s 2.6 s is over the limit 2.0 s",))
+    stored = json.loads(json.dumps(short.to_dict()))
+    assert stored["violations"] == ["ttft_p95_s 2.6 s is over the limit 2.0 s"]
+    assert ScheduleBest.from_dict(stored) == short and SCHEDULE_RUNS[0].best.violations == ()
+    assert short.line() == ("trial 3: capacity 2.5 req/s, p95 e2e 12.00 s at your traffic; it does not carry your "
+                            "traffic within the boundary (ttft_p95_s 2.6 s is over the limit 2.0 s), and no "
+                            "configuration tried does: it carries the most of it")
+    assert short.context.line(meets=False).startswith("falls short at your traffic of the interactive")
 
 
 def test_the_morning_summary_reads_its_best_context_back_as_the_typed_record():

@@ -12,7 +12,7 @@ from rich.text import Text
 
 from tuner.console import fmt, out
 from tuner.describe import capacity_line, context_line, throughput_line
-from tuner.study.recommendation import capacity_sentence, gain_sentence
+from tuner.study.recommendation import capacity_sentence, gain_sentence, shortfall_sentence
 
 if TYPE_CHECKING:
     from tuner.capacity import JudgedProbe
@@ -51,7 +51,8 @@ def summary_line(s: TrialSummary) -> str:
 def best_so_far_line(best: BestSoFar) -> Text:
     """The best trial so far in one line: its throughput, latency and the context it was measured in."""
     capacity = best.capacity
-    where = context_line(best.boundary_text, best.measured_on, best.vllm_version, best.trace.path, best.trace.sha256)
+    where = context_line(best.boundary_text, best.measured_on, best.vllm_version, best.trace.path, best.trace.sha256,
+                         best.feasible)
     return Text(f"trial {best.trial}: "
                 f"{throughput_line(best.completed_rps, best.e2e_p95_s, capacity and capacity.rps, bool(capacity))}; "
                 f"{where}" + _limited_by(best.limiting_resource))
@@ -142,6 +143,8 @@ def print_recommendation(rec: RecommendationAnswer) -> None:
         traffic = m.offered_rps
         out.print(f"it {capacity_sentence(score.capacity, score.e2e_p95_s, traffic)}", highlight=False,
                   soft_wrap=True)
+        if not score.feasible:
+            out.print(Text(shortfall_sentence(score.violations), style="bold"), highlight=False, soft_wrap=True)
         base = Score.from_dict(rec.baseline.scored.to_dict()) if rec.baseline and rec.baseline.scored else None
         if base is not None and base.capacity is not None and rec.baseline.trial != rec.trial:
             out.print(f"vLLM's default configuration (trial {rec.baseline.trial}) "

@@ -139,11 +139,33 @@ def find_baseline(trials: list[StoredTrial], optuna_study: optuna.Study) -> Stor
     return next((t for t in baselines if t.state is TrialState.COMPLETE), baselines[0] if baselines else None)
 
 
+def candidates(trials: list[StoredTrial]) -> list[StoredTrial]:
+    """The search trials a recommendation is chosen from: those that carry your traffic within the boundary (the
+    feasible ones); when none does, those whose load search found some lower load within it, so that a study on a
+    machine too small for your traffic still says which configuration carries the most of it (`shortfall_sentence`
+    says that it falls short). Validation launches are never candidates."""
+    from tuner.storage import TrialState
+
+    search = [t for t in trials if t.validation is None]
+    feasible = [t for t in search if t.feasible]
+    if feasible:
+        return feasible
+    return [t for t in search if t.state is TrialState.COMPLETE and t.scored is not None
+            and t.scored.capacity is not None and t.scored.capacity.rps is not None]
+
+
+def shortfall_sentence(violations: list[str]) -> str:
+    """What a recommendation that does not carry your traffic says of it (`violations`: how it breaks the
+    boundary at your traffic)."""
+    return (f"it does not carry your traffic within the boundary ({'; '.join(violations)}), and no configuration "
+            "tried does: it carries the most of it")
+
+
 def recommend(repo: Repository, settings: StudySettings, optuna_study: optuna.Study) -> Recommendation | None:
     """After a validation (the newest complete one), its winner: the finalist that carries more than vLLM's
-    default beyond noise, else the default. Before any, the feasible search trial with the highest capacity (at a
-    fixed load: completed throughput), near-ties going to the lower p95 latency at the reference load. With the
-    study's boundary and its baseline; None while no trial is feasible."""
+    default beyond noise, else the default. Before any, the candidate search trial (`candidates`) with the highest
+    capacity (at a fixed load: completed throughput), near-ties going to the lower p95 latency at the reference
+    load. With the study's boundary and its baseline; None while there is no candidate."""
     from tuner.scoring import boundary
     from tuner.validation import latest_validation
 
@@ -161,22 +183,22 @@ def recommend(repo: Repository, settings: StudySettings, optuna_study: optuna.St
             (by_number[n] for n in winner.trials if by_number[n].scored is not None), None)
         if kept is not None:
             return Recommendation(kept, bound, baseline, validation)
-    feasible = [t for t in trials if t.feasible and t.validation is None]
-    if not feasible:
+    found = candidates(trials)
+    if not found:
         return None
     # Capacities within the search's precision cannot be told apart; completed throughputs within 1% neither.
     tie = settings.load.precision if settings.load.mode == "search" else THROUGHPUT_TIE
-    top = max(t.scored.objectives[0] for t in feasible)
-    contenders = [t for t in feasible if t.scored.objectives[0] >= top * (1 - tie)]
+    top = max(t.scored.objectives[0] for t in found)
+    contenders = [t for t in found if t.scored.objectives[0] >= top * (1 - tie)]
     best = min(contenders, key=lambda t: (t.scored.e2e_p95_s, -t.scored.objectives[0]))
     return Recommendation(best, bound, baseline)
 
 
 def best_trials(repo: Repository, settings: StudySettings, optuna_study: optuna.Study) -> list[StoredTrial]:
-    """The feasible trials, the recommendation first and then by capacity (at a fixed load, completed throughput)."""
+    """The candidate trials (`candidates`), the recommendation first and then by capacity (at a fixed load,
+    completed throughput)."""
     rec = recommend(repo, settings, optuna_study)
     if rec is None:
         return []
-    others = [t for t in repo.trials(settings.name)
-              if t.feasible and t.validation is None and t.trial_number != rec.trial.trial_number]
+    others = [t for t in candidates(repo.trials(settings.name)) if t.trial_number != rec.trial.trial_number]
     return [rec.trial, *sorted(others, key=lambda t: -t.scored.objectives[0])]

@@ -38,7 +38,7 @@ from tuner.study.create import study_context
 from tuner.study.events import (NO_TIME_LEFT, WINDOW_END, PoolReady, RunEvent, RunReport, TrialDone, TrialStarted,
                                 TrialSummary, WorkerDone)
 from tuner.study.plan import StoragePlan
-from tuner.study.recommendation import validation_terms
+from tuner.study.recommendation import candidates, validation_terms
 from tuner.traces.records import Trace
 from tuner.traces.selection import fit_trace
 from tuner.validation import Arm, Validation, interleaved, validations
@@ -253,10 +253,10 @@ class StudyRunner:
     @_stops_when_the_database_is_lost
     def validate(self, top: int, repeats: int, *, against_itself: bool = False, deadline: float | None = None,
                  stop_at: float | None = None) -> tuple[Validation, RunReport]:
-        """Launch vLLM's default configuration and the `top` best feasible search trials' configurations (or, with
+        """Launch vLLM's default configuration and the `top` best candidate search trials' configurations (or, with
         `against_itself`, the default twice: an A/A check) `repeats` times each, round by round, each launch a
         trial marked as a validation launch; then judge them. Raises NothingToValidate when no configuration
-        other than the default is feasible. `deadline` and `stop_at` bound it as they bound `run`."""
+        other than the default is a candidate (`candidates`). `deadline` and `stop_at` bound it as they bound `run`."""
         trials = self.repo.trials(self.settings.name)
         arms = [Arm(0, None)]
         if against_itself:
@@ -265,7 +265,8 @@ class StudyRunner:
             arms += [Arm(i, number) for i, number in enumerate(self._finalists(trials, top), start=1)]
             if len(arms) == 1:
                 raise NothingToValidate(f"study {self.settings.name} has no feasible configuration other than "
-                                        f"vLLM's default to validate: keep the default")
+                                        f"vLLM's default to validate, nor, when none is feasible, one that carried "
+                                        f"some load within the boundary: keep the default")
         run = max((t.validation.run for t in trials if t.validation is not None), default=0) + 1
         frozen = self.study.get_trials(deepcopy=False)
         # Configurations queued before (the baseline of a study not run yet, say) are asked first: they run too.
@@ -279,13 +280,14 @@ class StudyRunner:
         return next(v for v in judged if v.run == run), report
 
     def _finalists(self, trials: list[StoredTrial], top: int) -> list[int]:
-        """The trial numbers of the `top` feasible search trials by capacity (at a fixed load, completed
-        throughput), one per configuration, none of them vLLM's default."""
+        """The trial numbers of the `top` candidate search trials (`candidates`: feasible, or when none is, those
+        that carried some load) by capacity (at a fixed load, completed throughput), one per configuration, none
+        of them vLLM's default."""
         default = self.ctx.space.baseline()
         baselines = {t.number for t in self.study.get_trials(deepcopy=False) if t.user_attrs.get(BASELINE_ATTR)}
         seen: list[EngineConfig] = [default]
         finalists = []
-        for t in sorted((t for t in trials if t.feasible and t.validation is None and t.trial_number not in baselines),
+        for t in sorted((t for t in candidates(trials) if t.trial_number not in baselines),
                         key=lambda t: -t.scored.objectives[0]):
             if t.engine_config not in seen and len(finalists) < top:
                 seen.append(t.engine_config)
@@ -329,7 +331,9 @@ class StudyRunner:
         trace = fit_trace(self.ctx.trace, self.ctx.selection, max_model_len)
         # The baseline and every validation launch run to the end and search their whole capacity (below your
         # traffic too, never cut short by the best so far): gains are measured against them and between them.
-        whole = baseline or _mark(trial) is not None
+        # While no configuration carries your traffic, every trial searches its whole capacity below it too
+        # (unpruned: its first probe is expected to fail), to find which carries the most of it.
+        whole = baseline or _mark(trial) is not None or not self._carried_yet()
         best = (None, None) if whole else self._best_capacity()
         spec = TrialSpec(Path(self.settings.model), trace, config, self._trial_dir(number),
                          startup_timeout_s=self.settings.startup_timeout_s,
@@ -348,6 +352,15 @@ class StudyRunner:
                  if t.feasible and t.validation is None and isinstance(t.score, Score) and t.score.capacity is not None
                  and t.score.capacity.factor is not None]
         return max(found, default=(None, None))
+
+    def _carried_yet(self) -> bool:
+        """Whether some search trial carried your traffic within the boundary, or none was scored yet (the first
+        trials search as if one had). False only in a load search where every scored trial broke the boundary
+        at your traffic."""
+        if self.settings.load.mode != "search":
+            return True
+        scored = [t for t in self.repo.trials(self.settings.name) if t.scored is not None and t.validation is None]
+        return not scored or any(t.feasible for t in scored)
 
     def _record_prediction(self, trial: optuna.Trial, config: EngineConfig, max_model_len: int) -> None:
         """The KV cache expected of a configuration that is launched (near the margin or not), so that the real

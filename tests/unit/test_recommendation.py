@@ -1,0 +1,41 @@
+"""Which trials a recommendation is chosen from: those that carry your traffic within the boundary, and when none
+does, those that carry the most of it, said plainly."""
+
+from __future__ import annotations
+
+from factories import MACHINE, measurement
+from tuner.scoring import Capacity, Score
+from tuner.storage import StoredTrial, TrialState, ValidationMark
+from tuner.study.recommendation import candidates, shortfall_sentence
+from tuner.workers.engine_config import EngineConfig
+
+OVER = "ttft_p95_s 2.598 s is over the limit 2.000 s"
+
+
+def _trial(number: int, capacity_rps: float | None, violations: list[str], state: TrialState = TrialState.COMPLETE,
+           mark: ValidationMark | None = None) -> StoredTrial:
+    m = measurement()
+    score = None if state is not TrialState.COMPLETE else Score(
+        m.completed_rps, m.e2e_s.p95, m.output_tps, 1.0, {}, violations,
+        Capacity(capacity_rps, None, None, None, 4, "bracketed"))
+    return StoredTrial("demo", number, 1, state, EngineConfig(max_num_seqs=number + 1), "vllm serve m", m, None,
+                       None, None, None, None, None, MACHINE, "0.32.0", "2025-01-01T00:00:00+00:00", None, score,
+                       validation=mark)
+
+
+def test_the_trials_that_carry_your_traffic_are_the_candidates_when_any_does():
+    trials = [_trial(0, 1.1, [OVER]), _trial(1, 2.0, []), _trial(2, 3.0, [OVER])]
+    assert [t.trial_number for t in candidates(trials)] == [1]
+
+
+def test_when_none_carries_your_traffic_those_that_carried_some_load_are_the_candidates():
+    launch = ValidationMark(1, 0, 1, 0, None)
+    trials = [_trial(0, 1.1, [OVER]), _trial(1, None, [OVER]),  # no load passed: it carries none
+              _trial(2, None, [], TrialState.PRUNED), _trial(3, 3.0, [OVER], mark=launch), _trial(4, 0.6, [OVER])]
+    assert [t.trial_number for t in candidates(trials)] == [0, 4]
+    assert candidates([_trial(1, None, [OVER])]) == []
+
+
+def test_a_recommendation_short_of_your_traffic_says_so_with_how_it_breaks_the_boundary():
+    assert shortfall_sentence([OVER]) == (f"it does not carry your traffic within the boundary ({OVER}), and no "
+                                          "configuration tried does: it carries the most of it")
