@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -89,7 +90,11 @@ def gain_interval(values: Sequence[float], reference: Sequence[float], resolutio
     if len(set(logs_a)) == 1 and len(set(logs_b)) == 1:  # identical repeats on both sides: nothing to widen by
         low = high = diff
     else:
-        interval = stats.ttest_ind(logs_a, logs_b, equal_var=False).confidence_interval(CONFIDENCE)
+        # Repeats of one side that agree exactly are common (capacities lie on the search's grid of loads): scipy
+        # warns of a precision loss there, but their variance is exactly 0 and the interval is right.
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "Precision loss occurred", RuntimeWarning)
+            interval = stats.ttest_ind(logs_a, logs_b, equal_var=False).confidence_interval(CONFIDENCE)
         low, high = float(interval.low), float(interval.high)
     floor = math.log1p(resolution)
     return GainInterval(math.exp(diff), math.exp(min(low, diff - floor)), math.exp(max(high, diff + floor)),

@@ -5,6 +5,7 @@ default best, an A/A check, a launch that carried nothing."""
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -51,6 +52,13 @@ def test_the_interval_is_welchs_on_the_logs():
     assert gain_interval(values, reference, resolution=0.1) == found  # already wider than the resolution
     with pytest.raises(ValueError):
         gain_interval([1.0, 0.0], [1.0, 1.0])  # a launch that carried nothing has no log
+
+
+def test_repeats_that_agree_exactly_on_one_side_give_an_interval_without_a_warning():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a warning would reach the user's terminal
+        found = gain_interval([3.24, 3.24], [1.14, 7.70])
+    assert found.low < found.ratio < found.high and found.includes_one
 
 
 def test_a_gain_beyond_noise_is_recommended_with_its_interval():
