@@ -225,8 +225,8 @@ def compare(
         for line in result.verdicts:
             out.print(f"  {line}", highlight=False, soft_wrap=True)
         t = first.trace
-        out.print(f"measured on {machine['description']}, vLLM {machine['vllm_version']}, trace {t['source']} "
-                  f"(sha256 {t['sha256'][:12]}, {t['requests']} requests, {t['span_s']:.1f} s)", highlight=False,
+        out.print(f"measured on {machine['description']}, vLLM {machine['vllm_version']}, trace {t.source} "
+                  f"(sha256 {t.sha256[:12]}, {t.requests} requests, {t.span_s:.1f} s)", highlight=False,
                   soft_wrap=True)
         out.print(f"held for every value: {', '.join(f'{k}={v}' for k, v in base.to_dict().items()) or 'vLLM defaults'}"
                   f"; judged against the {boundary_line(bound)} boundary", highlight=False, soft_wrap=True)
