@@ -104,6 +104,14 @@ def _attempt(study: optuna.Study, trial: optuna.Trial) -> int:
     return len(RetryHeartbeatStaleTrialCallback.retry_history(study.get_trials(deepcopy=False)[trial.number])) + 1
 
 
+def _best_capacity(trials: list[StoredTrial]) -> tuple[float | None, float | None]:
+    """The highest capacity among the candidate search trials (`candidates`; the feasible ones, as a search that
+    starts from it runs only once one carried your traffic): (against the reference load, req/s)."""
+    found = [(t.scored.capacity.factor, t.scored.capacity.rps) for t in candidates(trials)
+             if t.scored.capacity is not None and t.scored.capacity.factor is not None]
+    return max(found, default=(None, None))
+
+
 def _mark(trial: optuna.Trial | FrozenTrial) -> ValidationMark | None:
     """The validation mark of a validation launch; None for a search trial."""
     data = trial.user_attrs.get(VALIDATION_ATTR)
@@ -333,8 +341,9 @@ class StudyRunner:
         # traffic too, never cut short by the best so far): gains are measured against them and between them.
         # While no configuration carries your traffic, every trial searches its whole capacity below it too
         # (unpruned: its first probe is expected to fail), to find which carries the most of it.
-        whole = baseline or _mark(trial) is not None or not self._carried_yet()
-        best = (None, None) if whole else self._best_capacity()
+        trials = self.repo.trials(self.settings.name)
+        whole = baseline or _mark(trial) is not None or not self._carried_yet(trials)
+        best = (None, None) if whole else _best_capacity(trials)
         spec = TrialSpec(Path(self.settings.model), trace, config, self._trial_dir(number),
                          startup_timeout_s=self.settings.startup_timeout_s,
                          request_timeout_s=self.settings.request_timeout_s,
@@ -346,20 +355,13 @@ class StudyRunner:
         started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
         return _InFlight(trial, config, baseline, trace, slot, beat, started_at, best), spec
 
-    def _best_capacity(self) -> tuple[float | None, float | None]:
-        """The highest capacity among the study's feasible trials so far: (against the reference load, req/s)."""
-        found = [(t.score.capacity.factor, t.score.capacity.rps) for t in self.repo.trials(self.settings.name)
-                 if t.feasible and t.validation is None and isinstance(t.score, Score) and t.score.capacity is not None
-                 and t.score.capacity.factor is not None]
-        return max(found, default=(None, None))
-
-    def _carried_yet(self) -> bool:
+    def _carried_yet(self, trials: list[StoredTrial]) -> bool:
         """Whether some search trial carried your traffic within the boundary, or none was scored yet (the first
         trials search as if one had). False only in a load search where every scored trial broke the boundary
         at your traffic."""
         if self.settings.load.mode != "search":
             return True
-        scored = [t for t in self.repo.trials(self.settings.name) if t.scored is not None and t.validation is None]
+        scored = [t for t in trials if t.scored is not None and t.validation is None]
         return not scored or any(t.feasible for t in scored)
 
     def _record_prediction(self, trial: optuna.Trial, config: EngineConfig, max_model_len: int) -> None:
