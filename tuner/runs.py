@@ -81,10 +81,7 @@ class _Run:
         record = replace(self.record, in_flight=tuple(started.values()), finished=tuple(finished))
         if end is None:
             return record
-        error = None
-        if end.state is RunState.FAILED:
-            lines = [line for line in end.stderr.splitlines() if line.strip()]
-            error = lines[-1] if lines else f"exit code {end.exit_code}"
+        error = end.failure_reason() if end.state is RunState.FAILED else None
         return replace(record, state=end.state, ended_at=end.ended_at, exit_code=end.exit_code, error=error,
                        result=end.result)
 

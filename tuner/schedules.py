@@ -498,8 +498,6 @@ class ScheduleBook:
         if end.state is RunState.STOPPED:
             return end.state, stopped_early, f"the run was stopped: {end.stopped_why}"
         if end.state is RunState.FAILED:
-            errors = [line for line in end.stderr.splitlines() if line.startswith("error:")]
             _logger.warning("tuner study run %s exited %s: %s", study, end.exit_code, end.stderr[-2000:])
-            return end.state, stopped_early, (errors[-1].removeprefix("error:").strip() if errors
-                                              else f"tuner study run exited with code {end.exit_code}")
+            return end.state, stopped_early, end.failure_reason()
         return end.state, stopped_early, None

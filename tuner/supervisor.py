@@ -47,6 +47,18 @@ class StudyRunEnd:
     result: RunReport | None  # what `tuner study run --json` printed, if it printed a run's report
     stderr: str
 
+    def failure_reason(self) -> str:
+        """Why a failed child failed, in one line: its own `error:` line where it printed one, else how it ended
+        (a signal, an exit code) and the last line it printed, which may be a library's log, not a cause."""
+        lines = [line.strip() for line in self.stderr.splitlines() if line.strip()]
+        said = [line for line in lines if line.startswith("error:")]
+        if said:
+            return said[-1].removeprefix("error:").strip()
+        how = (f"killed by {signal.Signals(-self.exit_code).name}" if self.exit_code < 0
+               else f"exit code {self.exit_code}")
+        last = f"; the last line it printed: {lines[-1]}" if lines else ", having printed nothing"
+        return f"`tuner study run` ended ({how}) without naming an error{last}"
+
 
 def run_env(plan) -> dict[str, str]:
     """The environment of a `tuner study run` started for a study in `plan`: the storage URL goes by

@@ -82,8 +82,14 @@ def remote(service, *args: str, token: str | None = TOKEN, check: bool = True,
     result = subprocess.run([sys.executable, "-m", "tuner", *args, "--server", service["url"]], capture_output=True,
                             text=True, timeout=900, env=env)
     if check:
-        assert result.returncode == 0, result.stderr[-3000:]
+        assert result.returncode == 0, result.stderr[-3000:] + runs_stderr(service)
     return result
+
+
+def runs_stderr(service) -> str:
+    """The end of what each run the service started printed to its stderr: where a failed run says why."""
+    logs = sorted((service["root"] / "artifacts" / "runs").glob("*/stderr.log"))
+    return "".join(f"\n--- {log}:\n{log.read_text(errors='replace')[-3000:]}" for log in logs)
 
 
 def test_off_loopback_without_a_token_the_service_refuses_to_start(tmp_path):

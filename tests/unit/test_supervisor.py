@@ -35,6 +35,20 @@ def test_the_end_says_what_the_child_printed_and_how_it_exited(tmp_path):
     failed = start("import sys; sys.exit('error: no study named s')", tmp_path / "failed").wait(30)
     assert (failed.state, failed.exit_code, failed.result, failed.stderr) == (RunState.FAILED, 1, None,
                                                                              "error: no study named s\n")
+    assert failed.failure_reason() == "no study named s"
+
+
+def test_a_child_that_dies_without_naming_an_error_is_said_to_have_died_so(tmp_path):
+    # Ray's log line is the last thing such a child printed: it is shown as that, never as the reason.
+    code = ("import os, signal, sys; print('INFO worker.py -- Connected to Ray cluster.', file=sys.stderr, "
+            "flush=True); os.kill(os.getpid(), signal.SIGKILL)")
+    killed = start(code, tmp_path / "killed").wait(30)
+    assert killed.state is RunState.FAILED and killed.exit_code == -signal.SIGKILL
+    assert killed.failure_reason() == ("`tuner study run` ended (killed by SIGKILL) without naming an error; the "
+                                       "last line it printed: INFO worker.py -- Connected to Ray cluster.")
+    silent = start("import sys; sys.exit(3)", tmp_path / "silent").wait(30)
+    assert silent.failure_reason() == "`tuner study run` ended (exit code 3) without naming an error, having " \
+                                      "printed nothing"
 
 
 def test_a_stopped_child_that_outlasts_its_grace_is_killed(tmp_path):
