@@ -219,14 +219,16 @@ class LoadSearch:
             return 1.0
         if len(runs) >= self.policy.probe_budget:
             return None
-        results = [(run.probe.factor, judge_probe(run.probe, run.records, self.boundary).verdict is Verdict.PASS)
-                   for run in runs]
-        return self._next(results, _carried(runs))
+        verdicts = [judge_probe(run.probe, run.records, self.boundary).verdict for run in runs]
+        results = [(run.probe.factor, verdict is Verdict.PASS) for run, verdict in zip(runs, verdicts)]
+        # A reference load within noise of the boundary is no failure at your traffic: the search goes on below
+        # it, so that the trial states a load it surely carries.
+        return self._next(results, _carried(runs), below=verdicts[0] is Verdict.INCONCLUSIVE)
 
-    def _next(self, results: list[tuple[float, bool]], carried: float | None) -> float | None:
+    def _next(self, results: list[tuple[float, bool]], carried: float | None, below: bool = False) -> float | None:
         policy = self.policy
         lo, hi = bracket(results)
-        if lo is None and not self.below_reference:
+        if lo is None and not (self.below_reference or below):
             return None  # fails at the reference load: infeasible, whatever lies below
         best = self.best_factor
         if best is not None and lo is not None:

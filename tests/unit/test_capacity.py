@@ -94,6 +94,19 @@ def test_the_search_stops_below_a_failing_reference_unless_asked_to_go_on():
     assert below._next([(1.0, False)], 0.001) == 1 / 16  # nor more than a 16th at once
 
 
+def test_a_reference_load_within_noise_of_its_limit_is_searched_below_for_a_load_surely_carried():
+    bound = boundary("interactive", {"ttft_p95_s": None, "e2e_p95_s": 1.0})
+    near = _run(_records(100, 0.1, [2.0 if i % 33 == 0 else 0.5 for i in range(100)]))  # 97 of 100 within
+    search = LoadSearch(LoadPolicy(), bound)
+    assert search.next_factor([near]) == 0.5
+    passed = _run(_records(100, 0.2, 0.5), 0.5, 1)
+    assert search.next_factor([near, passed]) == pytest.approx(0.5 ** 0.5)
+    cap = capacity_of([JudgedProbe.of(run, bound) for run in (near, passed)], LoadPolicy(probe_budget=2), 1.0)
+    assert cap.factor == 0.5 and cap.ended.endswith("was inconclusive")
+    far = _run(_records(100, 0.1, [2.0 if i % 5 == 0 else 0.5 for i in range(100)]))  # a failure: no search below
+    assert search.next_factor([far]) is None
+
+
 def test_a_new_configuration_is_first_probed_at_the_best_capacity_so_far():
     search = LoadSearch(LoadPolicy(), LIFTED, best_factor=3.0)
     assert search._next([(1.0, True)], None) == 3.0
