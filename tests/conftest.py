@@ -134,13 +134,22 @@ def _program(command: str) -> str:
 SERVE_FILES = ("test_service", "test_secrets")
 
 
+# The files of longest test time, longest first (BENCHMARKS.md, section 6): they start first, so that neither
+# worker is left with one of them while the other has nothing more to take.
+LONGEST_FIRST = ("test_main_job", "test_validation_vllm", "test_workers_ray", "test_engine_faults",
+                 "test_capacity_vllm", "test_report_vllm", "test_study_vllm", "test_schedules")
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Groups for pytest-xdist's `--dist loadgroup`: a file to a group, so that a module's fixtures are made once
-    and its tests keep their order; the files that start a Ray Serve service in one group."""
+    and its tests keep their order; the files that start a Ray Serve service in one group. The longest files
+    come first (a stable sort: every file's tests keep their order)."""
     for item in items:
         module = item.module.__name__
         item.add_marker(pytest.mark.xdist_group("serve" if module in SERVE_FILES else module))
+    rank = {module: i for i, module in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.module.__name__, len(rank)))
 
 
 @pytest.fixture(scope="session")

@@ -93,8 +93,9 @@ def test_a_study_whose_best_is_the_default_says_keep_it_with_the_defaults_comman
     assert answer["trial"] == 0 and validation["keep_default"] and validation["recommended"] == "vLLM's default"
     default, single = validation["arms"]
     assert default["trials"] == [2, 4] and single["trials"] == [3, 5] and single["of_trial"] == 1
-    # One sequence at a time completes fewer req/s in every launch, and the interval says so.
-    assert max(single["values"]) < min(default["values"])
+    # One sequence at a time completes fewer req/s, by the medians the verdict compares, and the interval says so.
+    # (Not in every launch: with one core kept busy, one launch of each came out 1.88 against 1.52 req/s.)
+    assert single["median"] < default["median"]
     gain = validation["gain"]
     assert gain["repeats"] == [2, 2] and gain["low"] <= gain["ratio"] <= gain["high"] and gain["ratio"] < 1
 
