@@ -1,0 +1,70 @@
+"""How often the pace rule ("did not keep up") fails a steady engine, one whose latencies do not grow with
+time, on the README main job's probe: the bundled trace's first 16 requests at twice their rate, repeated to 80
+requests as a probe is (tuner.workers.probes.probe_trace). No vLLM: each request's end-to-end latency is drawn
+as (base + seconds per output token x its output tokens) x lognormal noise, and, with --stall, the machine
+pauses once for that long at a random moment, delaying every request in flight or due during the pause (what a
+busy machine does to an engine that keeps up). The rule (tuner.scoring.pace_violations) is applied as a
+probe's judgement applies it; a rate above a few percent is a rule that fails engines for the machine's noise.
+
+    .venv/bin/python benchmarks/pace_false_failures.py --draws 500
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tuner.paths import bundled_trace  # noqa: E402
+from tuner.scoring import STEADY_SHORTFALL_MIN, STEADY_SHORTFALL_SHARE  # noqa: E402
+from tuner.traces.selection import TraceSelection, load_trace  # noqa: E402
+from tuner.workers.measure import Pace  # noqa: E402
+from tuner.workers.probes import probe_trace  # noqa: E402
+from tuner.workers.replay import Outcome, RequestRecord  # noqa: E402
+
+
+def draw(trace, per_token_s: float, noise: float, stall_s: float, rng: random.Random) -> bool:
+    """One probe of a steady engine: True if the pace rule fails it."""
+    stall_at = rng.uniform(0, trace.span_s) if stall_s else None
+    records = []
+    for i, req in enumerate(trace.requests):
+        latency = (0.05 + per_token_s * req.output_tokens) * rng.lognormvariate(0, noise)
+        if stall_at is not None and req.arrival_s <= stall_at + stall_s and req.arrival_s + latency >= stall_at:
+            latency += stall_at + stall_s - max(req.arrival_s, stall_at)
+        records.append(RequestRecord(i, req.arrival_s, req.arrival_s, req.output_tokens, req.input_tokens,
+                                     req.output_tokens, Outcome.OK, ttft_s=0.05, e2e_s=latency))
+    pace = Pace.of(records)
+    return pace.steady_shortfall > max(STEADY_SHORTFALL_MIN, STEADY_SHORTFALL_SHARE * pace.steady_arrivals)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--draws", type=int, default=500)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    base = load_trace(bundled_trace(), TraceSelection(max_requests=16, rate_scale=2.0, fit="clip"), 1024)
+    trace = probe_trace(base, 1.0, 80, base.span_s)
+    rows = []
+    for per_token_s in (0.005, 0.01, 0.02):
+        for noise in (0.0, 0.1, 0.3):
+            for stall_s in (0.0, 2.0, 5.0):
+                rng = random.Random(args.seed)
+                fails = sum(draw(trace, per_token_s, noise, stall_s, rng) for _ in range(args.draws))
+                rows.append({"per_token_s": per_token_s, "noise": noise, "stall_s": stall_s,
+                             "false_failures": fails / args.draws})
+    print(f"probe: {len(trace.requests)} requests over {trace.span_s:.1f} s; {args.draws} draws a row")
+    print("| s per output token | noise (lognormal sigma) | one stall, s | false failures |")
+    print("|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['per_token_s']} | {r['noise']} | {r['stall_s']:g} | {r['false_failures']:.1%} |")
+    if args.json:
+        args.json.write_text(json.dumps({"draws": args.draws, "seed": args.seed, "rows": rows}, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
