@@ -3,6 +3,8 @@ capacities summed up, the trace repeated for a probe, and the policy's bad value
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from tests.factories import study_settings
@@ -10,7 +12,7 @@ from tuner.capacity import (DECISIVE_REQUESTS, JudgedProbe, LoadPolicy, LoadSear
                             wilson_interval)
 from tuner.errors import TunerError
 from tuner.paths import bundled_trace
-from tuner.scoring import boundary
+from tuner.scoring import STEADY_SHORTFALL_MIN, STEADY_SHORTFALL_SHARE, STEADY_TREND, boundary
 from tuner.storage import StudySettings
 from tuner.traces.records import Trace, TraceRequest
 from tuner.traces.transforms import repeat
@@ -46,6 +48,19 @@ def test_a_queue_that_grows_fails_as_not_kept_up_even_with_latency_limits_lifted
     judgement = judge_probe(run.probe, run.records, LIFTED)
     assert judgement.verdict is Verdict.FAIL
     assert any("did not keep up" in r for r in judgement.reasons)
+
+
+def test_one_pause_of_the_machine_near_the_end_is_no_queue_that_grows():
+    # A steady engine (0.5 s a request, 80 requests over 29.2 s as in a probe) and one 5 s pause from 26 s: every
+    # request due or in flight then finishes at its end. Too many finish late for the shortfall alone, but the
+    # latency did not grow through the probe.
+    records = [replace(r, e2e_s=31.0 - r.scheduled_s) if 25.5 <= r.scheduled_s <= 31.0 else r
+               for r in _records(80, 0.37, 0.5)]
+    run = _run(records)
+    pace = run.probe.measurement.pace
+    assert pace.steady_shortfall > max(STEADY_SHORTFALL_MIN, STEADY_SHORTFALL_SHARE * pace.steady_arrivals)
+    assert pace.e2e_trend < STEADY_TREND
+    assert judge_probe(run.probe, run.records, LIFTED).verdict is Verdict.PASS
 
 
 def test_a_percentile_within_noise_of_its_limit_is_inconclusive_and_far_over_it_fails():
