@@ -6,8 +6,9 @@ pauses once for that long at a random moment, delaying every request in flight o
 busy machine does to an engine that keeps up). A rate above a few percent is a rule that fails engines for the
 machine's noise. Two rules: the shortfall alone (the rule before 2026-12-04), and the shortfall counted only
 when the latency also grew through the probe (the last third's median end-to-end latency at least --trend times
-the first third's: tuner.scoring's rule now, STEADY_TREND); and the power of each, how often it fails an engine
-overloaded by a factor (a queue that grows, in a fluid model: a request due at t waits (factor - 1) x t more).
+the first third's) or most requests were late: tuner.scoring's rule now; and the power of each, how often it
+fails an engine overloaded by a factor (a queue that grows, in a fluid model: a request due at t waits
+(factor - 1) x t more).
 
     .venv/bin/python benchmarks/pace_false_failures.py --draws 500
 """
@@ -23,7 +24,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tuner.paths import bundled_trace  # noqa: E402
-from tuner.scoring import STEADY_SHORTFALL_MIN, STEADY_SHORTFALL_SHARE, STEADY_TREND  # noqa: E402
+from tuner.scoring import (STEADY_SHORTFALL_DECISIVE, STEADY_SHORTFALL_MIN, STEADY_SHORTFALL_SHARE,  # noqa: E402
+                           STEADY_TREND)
 from tuner.traces.selection import TraceSelection, load_trace  # noqa: E402
 from tuner.workers.measure import Pace  # noqa: E402
 from tuner.workers.probes import probe_trace  # noqa: E402
@@ -51,8 +53,9 @@ def fails_by_shortfall(pace: Pace) -> bool:
 
 
 def fails_with_growth(pace: Pace, trend: float) -> bool:
-    """The shortfall, counted when the median latency grew by `trend` too."""
-    return fails_by_shortfall(pace) and (pace.e2e_trend or 0.0) >= trend
+    """The shortfall, counted when the median latency grew by `trend` too, or when most requests were late."""
+    most_late = pace.steady_shortfall > STEADY_SHORTFALL_DECISIVE * pace.steady_arrivals
+    return fails_by_shortfall(pace) and ((pace.e2e_trend or 0.0) >= trend or most_late)
 
 
 def main() -> None:

@@ -63,6 +63,16 @@ def test_one_pause_of_the_machine_near_the_end_is_no_queue_that_grows():
     assert judge_probe(run.probe, run.records, LIFTED).verdict is Verdict.PASS
 
 
+def test_a_burst_far_beyond_the_engine_fails_though_its_batch_makes_early_and_late_requests_alike():
+    # 32 requests in 1.2 s that the engine's batch takes in at once and finishes together 5 s later: the median
+    # latency does not grow, but most requests are late (as vLLM's default did at three times what it carries).
+    run = _run(_records(32, 0.038, [5.0 - i * 0.038 for i in range(32)]))
+    pace = run.probe.measurement.pace
+    assert pace.e2e_trend < STEADY_TREND and pace.steady_shortfall > 0.5 * pace.steady_arrivals
+    judgement = judge_probe(run.probe, run.records, LIFTED)
+    assert judgement.verdict is Verdict.FAIL and judgement.reasons[0].startswith("did not keep up: of ")
+
+
 def test_a_percentile_within_noise_of_its_limit_is_inconclusive_and_far_over_it_fails():
     bound = boundary("interactive", {"ttft_p95_s": None, "e2e_p95_s": 1.0})
     # 3 of 100 over the limit: p95 is under it, but the share within it (0.97) cannot be told from 0.95.
