@@ -4,11 +4,9 @@ requests as a probe is (tuner.workers.probes.probe_trace). No vLLM: each request
 as (base + seconds per output token x its output tokens) x lognormal noise, and, with --stall, the machine
 pauses once for that long at a random moment, delaying every request in flight or due during the pause (what a
 busy machine does to an engine that keeps up). A rate above a few percent is a rule that fails engines for the
-machine's noise. Two rules: the shortfall alone (the rule before 2026-12-04), and the shortfall counted only
-when the latency also grew through the probe (the last third's median end-to-end latency at least --trend times
-the first third's) or most requests were late: tuner.scoring's rule now; and the power of each, how often it
-fails an engine overloaded by a factor (a queue that grows, in a fluid model: a request due at t waits
-(factor - 1) x t more).
+machine's noise. Two rules: the shortfall of late requests alone (the rule before 2026-12-04), and
+tuner.scoring.pace_violations as it stands; and the power of each, how often it fails an engine overloaded by a
+factor (a queue that grows, in a fluid model: a request due at t waits (factor - 1) x t more).
 
     .venv/bin/python benchmarks/pace_false_failures.py --draws 500
 """
@@ -24,8 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tuner.paths import bundled_trace  # noqa: E402
-from tuner.scoring import (STEADY_SHORTFALL_DECISIVE, STEADY_SHORTFALL_MIN, STEADY_SHORTFALL_SHARE,  # noqa: E402
-                           STEADY_TREND)
+from tuner.scoring import STEADY_SHORTFALL_MIN, STEADY_SHORTFALL_SHARE, pace_violations  # noqa: E402
 from tuner.traces.selection import TraceSelection, load_trace  # noqa: E402
 from tuner.workers.measure import Pace  # noqa: E402
 from tuner.workers.probes import probe_trace  # noqa: E402
@@ -47,22 +44,16 @@ def draw(trace, per_token_s: float, noise: float, stall_s: float, rng: random.Ra
     return Pace.of(records)
 
 
-def fails_by_shortfall(pace: Pace) -> bool:
-    """The shortfall alone (the drain part of the rule needs a pause longer than the probe)."""
+def fails_by_shortfall_alone(pace: Pace) -> bool:
+    """The rule before 2026-12-04: the shortfall alone, whether or not the latency grew (its drain part needs a
+    pause longer than the probe)."""
     return pace.steady_shortfall > max(STEADY_SHORTFALL_MIN, STEADY_SHORTFALL_SHARE * pace.steady_arrivals)
-
-
-def fails_with_growth(pace: Pace, trend: float) -> bool:
-    """The shortfall, counted when the median latency grew by `trend` too, or when most requests were late."""
-    most_late = pace.steady_shortfall > STEADY_SHORTFALL_DECISIVE * pace.steady_arrivals
-    return fails_by_shortfall(pace) and ((pace.e2e_trend or 0.0) >= trend or most_late)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--draws", type=int, default=500)
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--trend", type=float, default=STEADY_TREND, help="the growth of the median asked")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     base = load_trace(bundled_trace(), TraceSelection(max_requests=16, rate_scale=2.0, fit="clip"), 1024)
@@ -71,27 +62,25 @@ def main() -> None:
     def rates(per_token_s: float, noise: float, stall_s: float, overload: float) -> tuple[float, float]:
         rng = random.Random(args.seed)
         paces = [draw(trace, per_token_s, noise, stall_s, rng, overload) for _ in range(args.draws)]
-        return (sum(map(fails_by_shortfall, paces)) / args.draws,
-                sum(fails_with_growth(p, args.trend) for p in paces) / args.draws)
+        return (sum(map(fails_by_shortfall_alone, paces)) / args.draws,
+                sum(bool(pace_violations(p)) for p in paces) / args.draws)
 
     rows = []
     for overload in (1.0, 1.1, 1.25, 1.5):
         for per_token_s in (0.005, 0.01, 0.02):
             for noise in (0.0, 0.1, 0.3):
                 for stall_s in ((0.0, 2.0, 5.0) if overload == 1.0 else (0.0,)):
-                    alone, grown = rates(per_token_s, noise, stall_s, overload)
+                    alone, now = rates(per_token_s, noise, stall_s, overload)
                     rows.append({"overload": overload, "per_token_s": per_token_s, "noise": noise,
-                                 "stall_s": stall_s, "fails_shortfall_alone": alone, "fails_with_growth": grown})
-    print(f"probe: {len(trace.requests)} requests over {trace.span_s:.1f} s; {args.draws} draws a row; "
-          f"growth asked: x{args.trend:g}")
-    print("| overload | s per output token | noise (lognormal sigma) | one pause, s | shortfall alone | with growth |")
+                                 "stall_s": stall_s, "fails_shortfall_alone": alone, "fails_now": now})
+    print(f"probe: {len(trace.requests)} requests over {trace.span_s:.1f} s; {args.draws} draws a row")
+    print("| overload | s per output token | noise (lognormal sigma) | one pause, s | shortfall alone | rule now |")
     print("|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['overload']:g} | {r['per_token_s']} | {r['noise']} | {r['stall_s']:g} "
-              f"| {r['fails_shortfall_alone']:.1%} | {r['fails_with_growth']:.1%} |")
+              f"| {r['fails_shortfall_alone']:.1%} | {r['fails_now']:.1%} |")
     if args.json:
-        args.json.write_text(json.dumps({"draws": args.draws, "seed": args.seed, "trend": args.trend, "rows": rows},
-                                        indent=2) + "\n")
+        args.json.write_text(json.dumps({"draws": args.draws, "seed": args.seed, "rows": rows}, indent=2) + "\n")
 
 
 if __name__ == "__main__":

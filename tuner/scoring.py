@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from tuner.errors import TunerError
-from tuner.workers.measure import Measurement
+from tuner.workers.measure import Measurement, Pace
 
 OBJECTIVE_NAMES = ("completed_rps", "e2e_p95_s")  # at a fixed load
 SEARCH_OBJECTIVE_NAMES = ("capacity_rps", "e2e_p95_s")  # with a load search
@@ -197,10 +197,9 @@ STEADY_SHORTFALL_DECISIVE = 0.5
 DRAIN_WINDOW_RATIO = 1.0
 
 
-def pace_violations(m: Measurement) -> list[str]:
+def pace_violations(pace: Pace | None) -> list[str]:
     """Why the engine did not keep up with the replay's arrivals (empty when it did, or when the measurement has
     no pace): a queue a longer run would never drain, whatever the percentiles say."""
-    pace = m.pace
     if pace is None or pace.window_s <= 0:
         return []
     reasons = []
@@ -245,7 +244,7 @@ def score(measurement: Measurement, bound: Boundary, trace_span_s: float, capaci
     if ratio < bound.min_completion_ratio:
         violations.append(f"completion ratio {ratio:.3f} is under the limit {bound.min_completion_ratio:.3f}")
     if judge_pace:
-        behind = pace_violations(measurement)
+        behind = pace_violations(measurement.pace)
         constraints["kept_up"] = 1.0 if behind else -1.0
         violations.extend(behind)
     return Score(measurement.completed_rps, measurement.e2e_s.p95, measurement.output_tps, ratio,
