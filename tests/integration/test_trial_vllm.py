@@ -53,7 +53,7 @@ def test_large_kv_budget_serves_every_request_in_full_without_preemption(tiny_mo
     assert m["preemptions"] == 0 and m["metrics_available"]
     assert m["actual_output_tokens"] == m["requested_output_tokens"] > 0
     assert m["ttft_s"]["p95"] > 0 and m["e2e_s"]["p95"] >= m["ttft_s"]["p95"]
-    assert m["running_peak"] >= 2, "the rate-scaled slice should overlap on the server"
+    assert m["running_peak"] >= 1  # sampled every 0.25 s: how many it saw at once depends on the machine's speed
     assert record["hardware"]["accelerator"] == "cpu" and record["vllm_version"] == "0.32.0"
     assert "--kv-cache-memory-bytes 268435456" in record["serve_command"]
     # Queue time as vLLM reported it for each request (0.32 offers per-request metrics: tuner asks for them, and
@@ -75,6 +75,9 @@ def test_large_kv_budget_serves_every_request_in_full_without_preemption(tiny_mo
     for r in rows:
         assert float(r["sent_s"]) >= float(r["scheduled_s"]) - 0.001
         assert 0 < float(r["ttft_s"]) <= float(r["e2e_s"])
+    # The rate-scaled slice overlaps: the most requests in flight at once, from what the client saw of each.
+    spans = [(float(r["sent_s"]), float(r["sent_s"]) + float(r["e2e_s"])) for r in rows]
+    assert max(sum(s <= start < e for s, e in spans) for start, _ in spans) >= 2, spans
     assert (out_dir / "server.log").stat().st_size > 0
 
 
