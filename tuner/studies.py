@@ -328,13 +328,14 @@ class GainAnswer(Answer):
 
 class ValidationArmAnswer(Answer):
     """One configuration in a validation: its label, the search trial it repeats (None: vLLM's default), its
-    launches' trial numbers, what each carried and the median."""
+    launches' trial numbers, what each carried, the median, and the failure class of each launch that failed."""
 
     label: str
     of_trial: Optional[int]
     trials: list[int]
     values: list[Number]
     median: Optional[Number]
+    failures: list[str] = Field(default_factory=list)
 
 
 class ValidationAnswer(Answer):
@@ -360,6 +361,8 @@ class RecommendationAnswer(StatedContext, RecommendedConfig):
     while the study was not validated, and then no gain is stated)."""
 
     score: ScoreAnswer
+    shortfall: Optional[str] = Field(None, description="How it falls short of your traffic within the boundary; "
+                                                       "None when it carries it")
     measurement: MeasurementSummary
     baseline: Optional[BaselineAnswer]
     validation: Optional[ValidationAnswer]

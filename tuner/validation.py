@@ -109,6 +109,7 @@ class ArmResult:
     arm: Arm
     trials: tuple[int, ...]
     values: tuple[float, ...]
+    failures: tuple[str, ...] = ()  # the failure class of each launch that failed (its value is 0)
 
     @property
     def median(self) -> float | None:
@@ -123,7 +124,16 @@ class ArmResult:
     def to_dict(self) -> dict[str, Any]:
         """For programs: the arm's label and trial, its launches' trial numbers and values, and the median."""
         return {"label": self.arm.label, "of_trial": self.arm.of_trial, "trials": list(self.trials),
-                "values": list(self.values), "median": self.median}
+                "values": list(self.values), "median": self.median, "failures": list(self.failures)}
+
+    def nothing_carried(self) -> str:
+        """How often it carried no load, and why where a launch failed: `trial 3 carried no load within the
+        boundary in 1 of 2 launches, of which 1 failed: startup_timeout`."""
+        text = (f"{self.arm.label} carried no load within the boundary in {sum(v <= 0 for v in self.values)} of "
+                f"{len(self.values)} launches")
+        if self.failures:
+            text += f", of which {len(self.failures)} failed: {', '.join(sorted(set(self.failures)))}"
+        return text
 
 
 @dataclass(frozen=True)
@@ -194,9 +204,7 @@ class Validation:
                        "excludes 1: at this many repeats the measurement calls identical configurations different")
             return f"A/A check: vLLM's default against itself ({gain.text()}): the interval {verdict}"
         if gain is None:
-            nothing = [a for a in (f, d) if not a.carried_every_time]
-            why = "; ".join(f"{a.arm.label} carried no load within the boundary in "
-                            f"{sum(v <= 0 for v in a.values)} of {len(a.values)} launches" for a in nothing)
+            why = "; ".join(a.nothing_carried() for a in (f, d) if not a.carried_every_time)
             pick = "keep vLLM's default" if self.keep_default else f"{f.arm.label} is recommended"
             return f"no interval for {f.arm.label} against vLLM's default ({why}): {pick}"
         if not self.keep_default:
@@ -255,6 +263,7 @@ def latest_validation(trials: Sequence[StoredTrial], searched: bool, resolution:
 def _judge(run: int, marked: list[StoredTrial], searched: bool, resolution: float) -> Validation:
     arms: dict[int, Arm] = {}
     launches: dict[int, list[tuple[int, float]]] = {}
+    failures: dict[int, list[str]] = {}
     order = []
     for t in marked:
         mark = t.validation
@@ -265,8 +274,10 @@ def _judge(run: int, marked: list[StoredTrial], searched: bool, resolution: floa
             continue
         order.append(t.trial_number)
         launches.setdefault(mark.arm, []).append((t.trial_number, value))
+        if t.state is TrialState.FAILED:
+            failures.setdefault(mark.arm, []).append(t.failure_class or "failed")
     repeats = max(t.validation.repeats for t in marked if t.validation is not None)
-    results = tuple(ArmResult(arm, tuple(n for n, _ in launches.get(i, [])), tuple(v for _, v in launches.get(i, [])))
-                    for i, arm in sorted(arms.items()))
+    results = tuple(ArmResult(arm, tuple(n for n, _ in launches.get(i, [])), tuple(v for _, v in launches.get(i, [])),
+                              tuple(failures.get(i, []))) for i, arm in sorted(arms.items()))
     return Validation(run, repeats, results, tuple(order),
                       "req/s within the boundary" if searched else "completed req/s within the boundary", resolution)

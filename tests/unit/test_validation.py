@@ -4,6 +4,7 @@ default best, an A/A check, a launch that carried nothing."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 
@@ -116,7 +117,8 @@ def test_validations_are_read_back_from_marked_trials_in_the_order_they_ran():
     trials = [_trial(0, None, TrialState.COMPLETE, 2.0), _trial(2, None, TrialState.COMPLETE, 3.5),
               _trial(4, marks[0], TrialState.COMPLETE, 2.1), _trial(5, marks[1], TrialState.COMPLETE, 3.0),
               # stopped mid-launch: not a measurement, run again as trial 8
-              _trial(6, marks[2], TrialState.STOPPED, None), _trial(7, marks[3], TrialState.FAILED, None)]
+              _trial(6, marks[2], TrialState.STOPPED, None),
+              dataclasses.replace(_trial(7, marks[3], TrialState.FAILED, None), failure_class="engine_died")]
     (v,) = validations(trials, searched=True)
     assert not v.complete and latest_validation(trials, True) is None
     assert v.default.trials == (4,) and v.arms[1].values == (3.0, 0.0)  # a failed launch carried nothing
@@ -125,4 +127,7 @@ def test_validations_are_read_back_from_marked_trials_in_the_order_they_ran():
     assert v.complete and v.order == (4, 5, 7, 8) and v.default.values == (2.1, 2.2)
     assert latest_validation(trials, True) == v and latest_validation(trials, True, against_itself=True) is None
     assert v.to_dict()["arms"][1] == {"label": "trial 2", "of_trial": 2, "trials": [5, 7], "values": [3.0, 0.0],
-                                      "median": 1.5}
+                                      "median": 1.5, "failures": ["engine_died"]}
+    # A launch that failed is named as such, not only as one that carried nothing.
+    assert v.sentence() == ("no interval for trial 2 against vLLM's default (trial 2 carried no load within the "
+                            "boundary in 1 of 2 launches, of which 1 failed: engine_died): keep vLLM's default")
