@@ -138,7 +138,7 @@ def recommendation_dict(rec: Recommendation, settings: StudySettings) -> dict[st
     return {
         "study": settings.name, "trial": t.trial_number, "serve_command": t.serve_command,
         "engine_config": t.engine_config.to_dict(), **RecommendationContext.of(rec, settings).to_dict(),
-        "score": t.score.to_dict() if t.score else {},
+        "score": t.score.to_dict() if t.score else {}, "shortfall": rec.shortfall(),
         "measurement": _measurement_summary(t.measurement) if t.measurement else None,
         "baseline": baseline_dict(rec.baseline) if rec.baseline else None,
         "validation": rec.validation.to_dict() if rec.validation else None,

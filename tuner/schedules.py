@@ -108,7 +108,8 @@ class ScheduleTrial:
 
 
 # The best's own keys in a stored morning summary; the rest are its context's.
-_BEST_KEYS = ("trial", "completed_rps", "e2e_p95_s", "serve_command", "validation", "capacity", "violations")
+_BEST_KEYS = ("trial", "completed_rps", "e2e_p95_s", "serve_command", "validation", "capacity", "violations",
+              "others_carry")
 
 
 @dataclass(frozen=True)
@@ -125,8 +126,9 @@ class ScheduleBest:
     validation: str | None = None  # the verdict, or "not validated"
     context: RecommendationContext | None = None
     capacity: Capacity | None = None  # None: the study measures at a fixed load
-    # How it breaks the boundary at your traffic: a best that carries only part of it (no configuration does)
+    # How it breaks the boundary at your traffic: a best that carries only part of it (see `shortfall_sentence`)
     violations: tuple[str, ...] = ()
+    others_carry: bool = False  # some other configuration tried carried it, yet validation kept the default
 
     def to_dict(self) -> dict:
         """As the morning summary stores it: the context's keys beside the best's own; what it lacks left out."""
@@ -138,6 +140,8 @@ class ScheduleBest:
             own["capacity"] = self.capacity.to_dict()
         if self.violations:
             own["violations"] = list(self.violations)
+        if self.others_carry:
+            own["others_carry"] = True
         return {**own, **(self.context.to_dict() if self.context else {})}
 
     @classmethod
@@ -147,13 +151,13 @@ class ScheduleBest:
         return cls(data["trial"], data["completed_rps"], data["e2e_p95_s"], data["serve_command"],
                    data.get("validation"), RecommendationContext.from_dict(context) if context else None,
                    Capacity.from_dict(data["capacity"]) if data.get("capacity") else None,
-                   tuple(data.get("violations") or ()))
+                   tuple(data.get("violations") or ()), bool(data.get("others_carry")))
 
     def line(self) -> str:
         """Its trial, throughput (after a load search, its capacity) and latency in words."""
         capacity_rps = self.capacity.rps if self.capacity else None
         carried = throughput_line(self.completed_rps, self.e2e_p95_s, capacity_rps, searched=self.capacity is not None)
-        shortfall = f"; {shortfall_sentence(list(self.violations))}" if self.violations else ""
+        shortfall = f"; {shortfall_sentence(list(self.violations), self.others_carry)}" if self.violations else ""
         return f"trial {self.trial}: {carried}{shortfall}"
 
 
@@ -447,7 +451,8 @@ class ScheduleBook:
         return numbers, ScheduleBest(rec.trial.trial_number, score.completed_rps, score.e2e_p95_s,
                                      rec.trial.serve_command,
                                      rec.validation.sentence() if rec.validation else "not validated",
-                                     RecommendationContext.of(rec, settings), score.capacity, tuple(score.violations))
+                                     RecommendationContext.of(rec, settings), score.capacity, tuple(score.violations),
+                                     rec.others_carry)
 
     def _run(self, name: str, study: str, cron: str, window_s: float, trials: int | None) -> None:
         started = self._now()

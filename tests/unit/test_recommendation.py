@@ -6,7 +6,8 @@ from __future__ import annotations
 from factories import MACHINE, measurement
 from tuner.scoring import Capacity, Score
 from tuner.storage import StoredTrial, TrialState, ValidationMark
-from tuner.study.recommendation import candidates, shortfall_sentence
+from tuner.scoring import boundary
+from tuner.study.recommendation import Recommendation, candidates, others_carry, shortfall_sentence
 from tuner.workers.engine_config import EngineConfig
 
 OVER = "ttft_p95_s 2.598 s is over the limit 2.000 s"
@@ -39,3 +40,19 @@ def test_when_none_carries_your_traffic_those_that_carried_some_load_are_the_can
 def test_a_recommendation_short_of_your_traffic_says_so_with_how_it_breaks_the_boundary():
     assert shortfall_sentence([OVER]) == (f"it does not carry your traffic within the boundary ({OVER}), and no "
                                           "configuration tried does: it carries the most of it")
+
+
+def test_a_kept_default_short_of_your_traffic_does_not_claim_that_no_configuration_carries_it():
+    """Validation kept vLLM's default (trial 0, short of your traffic as the search measured it) although trial 1
+    carried your traffic: "no configuration tried does" would be false, so the sentence says what happened."""
+    launch = ValidationMark(1, 1, 2, 0, None)
+    trials = [_trial(0, 1.1, [OVER]), _trial(1, 2.0, []), _trial(2, 3.0, [], mark=launch)]
+    assert others_carry(trials, 0) and not others_carry(trials, 1)
+    assert not others_carry([trials[0], trials[2]], 0)  # a validation launch is no configuration tried
+    kept = Recommendation(trials[0], boundary("interactive"), trials[0], others_carry=others_carry(trials, 0))
+    assert kept.shortfall() == (f"it does not carry your traffic within the boundary ({OVER}) as the search measured "
+                                "it; other configurations tried did, yet launched again none carried more than "
+                                "vLLM's default beyond noise")
+    alone = Recommendation(trials[0], boundary("interactive"), trials[0])
+    assert alone.shortfall() == shortfall_sentence([OVER])
+    assert Recommendation(trials[1], boundary("interactive"), trials[0]).shortfall() is None

@@ -12,7 +12,7 @@ from rich.text import Text
 
 from tuner.console import fmt, out
 from tuner.describe import capacity_line, context_line, throughput_line
-from tuner.study.recommendation import capacity_sentence, gain_sentence, shortfall_sentence
+from tuner.study.recommendation import capacity_sentence, gain_sentence
 
 if TYPE_CHECKING:
     from tuner.capacity import JudgedProbe
@@ -143,8 +143,8 @@ def print_recommendation(rec: RecommendationAnswer) -> None:
         traffic = m.offered_rps
         out.print(f"it {capacity_sentence(score.capacity, score.e2e_p95_s, traffic)}", highlight=False,
                   soft_wrap=True)
-        if not score.feasible:
-            out.print(Text(shortfall_sentence(score.violations), style="bold"), highlight=False, soft_wrap=True)
+        if rec.shortfall:
+            out.print(Text(rec.shortfall, style="bold"), highlight=False, soft_wrap=True)
         base = Score.from_dict(rec.baseline.scored.to_dict()) if rec.baseline and rec.baseline.scored else None
         if base is not None and base.capacity is not None and rec.baseline.trial != rec.trial:
             out.print(f"vLLM's default configuration (trial {rec.baseline.trial}) "

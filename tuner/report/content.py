@@ -18,7 +18,6 @@ from tuner.diagnosis import LimitingResource
 from tuner.report.data import ReportData
 from tuner.scoring import Capacity
 from tuner.storage import StoredTrial, StudySettings, TrialState
-from tuner.study.recommendation import shortfall_sentence
 from tuner.workers.measure import Measurement
 
 DEFAULT_LABEL = "vLLM default"
@@ -266,8 +265,8 @@ def recommendation_lines(data: ReportData) -> list[str]:
              f"Completed {m.completed}/{m.requests} at {t.scored.completed_rps:.3f} req/s, "
              f"p95 TTFT {number_text(m.ttft_s.p95)} s, p95 end-to-end {t.scored.e2e_p95_s:.3f} s, "
              f"{m.preemptions} preemptions."]
-    if not t.scored.feasible:
-        shortfall = shortfall_sentence(t.scored.violations)
+    shortfall = rec.shortfall()
+    if shortfall:
         lines.append(f"{shortfall[0].upper()}{shortfall[1:]}.")
     lines.append(rec.gain_sentence(report=True))
     return lines

@@ -68,6 +68,7 @@ class Recommendation:
     boundary: Boundary
     baseline: StoredTrial | None  # vLLM's default configuration, as run first
     validation: Validation | None = None
+    others_carry: bool = False  # another search trial carried your traffic (the default stayed after validation)
 
     @property
     def default_run(self) -> DefaultRun | None:
@@ -76,6 +77,11 @@ class Recommendation:
         if base is None:
             return None
         return DefaultRun(base.trial_number, base.state, base.failure_class, base.feasible)
+
+    def shortfall(self) -> str | None:
+        """`shortfall_sentence` when the recommendation does not carry your traffic within the boundary; else None."""
+        score = self.trial.scored
+        return None if score is None or score.feasible else shortfall_sentence(score.violations, self.others_carry)
 
     def gain_sentence(self, *, report: bool = False) -> str:
         """`gain_sentence` for this recommendation (the report's form with `report=True`)."""
@@ -154,11 +160,20 @@ def candidates(trials: list[StoredTrial]) -> list[StoredTrial]:
             and t.scored.capacity is not None and t.scored.capacity.rps is not None]
 
 
-def shortfall_sentence(violations: list[str]) -> str:
+def others_carry(trials: list[StoredTrial], number: int) -> bool:
+    """Whether a search trial other than trial `number` carried your traffic within the boundary."""
+    return any(t.feasible for t in trials if t.validation is None and t.trial_number != number)
+
+
+def shortfall_sentence(violations: list[str], others_carry: bool = False) -> str:
     """What a recommendation that does not carry your traffic says of it (`violations`: how it breaks the
-    boundary at your traffic)."""
-    return (f"it does not carry your traffic within the boundary ({'; '.join(violations)}), and no configuration "
-            "tried does: it carries the most of it")
+    boundary at your traffic). Either no configuration tried does, or (`others_carry`) some did, yet validation
+    kept vLLM's default: none carried more than it beyond noise when launched again."""
+    broken = f"it does not carry your traffic within the boundary ({'; '.join(violations)})"
+    if others_carry:
+        return (f"{broken} as the search measured it; other configurations tried did, yet launched again none "
+                "carried more than vLLM's default beyond noise")
+    return f"{broken}, and no configuration tried does: it carries the most of it"
 
 
 def recommend(repo: Repository, settings: StudySettings, optuna_study: optuna.Study) -> Recommendation | None:
@@ -182,7 +197,7 @@ def recommend(repo: Repository, settings: StudySettings, optuna_study: optuna.St
         kept = baseline if baseline is not None and baseline.scored is not None else next(
             (by_number[n] for n in winner.trials if by_number[n].scored is not None), None)
         if kept is not None:
-            return Recommendation(kept, bound, baseline, validation)
+            return Recommendation(kept, bound, baseline, validation, others_carry(trials, kept.trial_number))
     found = candidates(trials)
     if not found:
         return None
