@@ -7,6 +7,9 @@ of a search against a fixed-load trial, as the ratio of their medians with the s
 
     .venv/bin/python benchmarks/capacity_repeatability.py --launches 5 \
         --json benchmarks/results/capacity-repeatability.json
+
+With `--precision 0.10:6 0.05:8` it compares searches of two precisions (each with its probe budget), launch by
+launch in turn, instead of a search against a fixed load (`--no-fixed` leaves the fixed-load launches out).
 """
 
 from __future__ import annotations
@@ -56,28 +59,44 @@ def spread(values: list[float]) -> dict:
             "cv": statistics.stdev(values) / statistics.fmean(values) if len(values) > 1 else 0.0}
 
 
+def search_policy(text: str) -> LoadPolicy:
+    """`0.05:8`: a load search of that precision and probe budget."""
+    precision, _, budget = text.partition(":")
+    return LoadPolicy(precision=float(precision), probe_budget=int(budget or LoadPolicy.probe_budget))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--launches", type=int, default=5)
+    parser.add_argument("--precision", type=search_policy, nargs="+", default=[LoadPolicy()],
+                        help="searches to compare, each PRECISION[:PROBE_BUDGET] (default: 0.1:6)")
+    parser.add_argument("--no-fixed", action="store_true", help="no fixed-load launches")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     model = default_model()
+    policies = [*args.precision, *([] if args.no_fixed else [LoadPolicy.fixed()])]
     runs = []
     for i in range(args.launches):
-        for policy in (LoadPolicy(), LoadPolicy.fixed()):
-            run = one_trial(model, policy)
+        for policy in policies:
+            run = {**one_trial(model, policy), "precision": policy.precision, "probe_budget": policy.probe_budget}
             runs.append(run)
-            print(f"launch {i + 1} {run['mode']}: {run['wall_s']:.1f} s, capacity {run['capacity_rps']}, "
-                  f"{run['ended']}", flush=True)
-    searched = [r for r in runs if r["mode"] == "search"]
+            print(f"launch {i + 1} {run['mode']} ({policy.precision:g}:{policy.probe_budget}): {run['wall_s']:.1f} s, "
+                  f"capacity {run['capacity_rps']}, {run['ended']}", flush=True)
     fixed = [r for r in runs if r["mode"] == "fixed"]
-    capacities = [r["capacity_rps"] for r in searched if r["capacity_rps"] is not None]
-    summary = {"capacity_rps": spread(capacities) if capacities else None,
-               "search_wall_s": spread([r["wall_s"] for r in searched]),
-               "fixed_wall_s": spread([r["wall_s"] for r in fixed]),
-               "cost_ratio": statistics.median(r["wall_s"] for r in searched)
-               / statistics.median(r["wall_s"] for r in fixed),
-               "runs": runs}
+    summary: dict = {}
+    for policy in args.precision:
+        searched = [r for r in runs if r["mode"] == "search" and r["precision"] == policy.precision]
+        capacities = [r["capacity_rps"] for r in searched if r["capacity_rps"] is not None]
+        key = "" if len(args.precision) == 1 else f"precision {policy.precision:g}: "
+        summary[f"{key}capacity_rps"] = spread(capacities) if capacities else None
+        summary[f"{key}search_wall_s"] = spread([r["wall_s"] for r in searched])
+        summary[f"{key}probes"] = spread([len(r["probes"]) for r in searched])
+        if fixed:
+            summary[f"{key}cost_ratio"] = (statistics.median(r["wall_s"] for r in searched)
+                                           / statistics.median(r["wall_s"] for r in fixed))
+    if fixed:
+        summary["fixed_wall_s"] = spread([r["wall_s"] for r in fixed])
+    summary["runs"] = runs
     print(json.dumps({k: v for k, v in summary.items() if k != "runs"}, indent=2))
     if args.json:
         args.json.write_text(json.dumps(summary, indent=2) + "\n")
