@@ -178,15 +178,17 @@ class Validation:
 
     @property
     def keep_default(self) -> bool:
-        """Whether vLLM's default stays: it has the best median, or the finalist's gain cannot be told from 1 (or
-        has no interval)."""
+        """Whether vLLM's default stays: the finalist's gain cannot be told from 1, or the default carries at least
+        as much. Without an interval (a launch carried nothing) the finalist wins only where it carried load in
+        every launch and the default did not, with the higher median: where both carried nothing in some launch,
+        the measurement cannot tell them apart."""
         if self.against_itself:
             return True
         gain = self.gain
         if gain is not None:
             return gain.includes_one or gain.ratio <= 1.0
         d, f = self.default.median, self.finalist.median
-        return f is None or (d is not None and d >= f)
+        return not self.finalist.carried_every_time or f is None or (d is not None and d >= f)
 
     @property
     def winner(self) -> ArmResult:

@@ -101,6 +101,13 @@ def test_a_launch_that_carried_nothing_leaves_no_interval_and_says_so():
                             "the boundary in 1 of 2 launches): trial 3 is recommended")
     worse = _validation((2.0, 2.1), (0.0, 3.1))
     assert worse.keep_default and worse.sentence().endswith(": keep vLLM's default")
+    # Both carried nothing once (a machine that broke the boundary at every load in those launches): a higher
+    # median of the finalist is no evidence, and the default stays.
+    both = _validation((0.0, 0.4), (0.0, 0.96))
+    assert both.gain is None and both.keep_default and both.winner.arm.of_trial is None
+    assert both.sentence() == ("no interval for trial 3 against vLLM's default (trial 3 carried no load within the "
+                               "boundary in 1 of 2 launches; vLLM's default carried no load within the boundary in "
+                               "1 of 2 launches): keep vLLM's default")
 
 
 def _trial(number: int, mark: ValidationMark | None, state: TrialState, capacity_rps: float | None) -> StoredTrial:
