@@ -53,7 +53,6 @@ def test_large_kv_budget_serves_every_request_in_full_without_preemption(tiny_mo
     assert m["preemptions"] == 0 and m["metrics_available"]
     assert m["actual_output_tokens"] == m["requested_output_tokens"] > 0
     assert m["ttft_s"]["p95"] > 0 and m["e2e_s"]["p95"] >= m["ttft_s"]["p95"]
-    assert m["running_peak"] >= 1  # sampled every 0.25 s: how many it saw at once depends on the machine's speed
     assert record["hardware"]["accelerator"] == "cpu" and record["vllm_version"] == "0.32.0"
     assert "--kv-cache-memory-bytes 268435456" in record["serve_command"]
     # Queue time as vLLM reported it for each request (0.32 offers per-request metrics: tuner asks for them, and
@@ -75,7 +74,8 @@ def test_large_kv_budget_serves_every_request_in_full_without_preemption(tiny_mo
     for r in rows:
         assert float(r["sent_s"]) >= float(r["scheduled_s"]) - 0.001
         assert 0 < float(r["ttft_s"]) <= float(r["e2e_s"])
-    # The rate-scaled slice overlaps: the most requests in flight at once, from what the client saw of each.
+    # The rate-scaled slice overlaps: the most requests in flight at once, from what the client saw of each (vLLM's
+    # running gauge, sampled every 0.25 s, is no proof of it: on a busy machine /metrics answered twice in 5 s).
     spans = [(float(r["sent_s"]), float(r["sent_s"]) + float(r["e2e_s"])) for r in rows]
     assert max(sum(s <= start < e for s, e in spans) for start, _ in spans) >= 2, spans
     assert (out_dir / "server.log").stat().st_size > 0
@@ -120,7 +120,11 @@ def test_server_killed_mid_replay_is_engine_died(tiny_model, tmp_path):
             completed.append(record.index)
         if len(killed) == 0 and len(completed) >= 2:
             for child in psutil.Process().children(recursive=True):
-                if "vllm.entrypoints" in " ".join(child.cmdline()):
+                try:
+                    command = " ".join(child.cmdline())
+                except psutil.Error:  # a process that just ended (a zombie) has no command line to read
+                    continue
+                if "vllm.entrypoints" in command:
                     os.kill(child.pid, signal.SIGKILL)
                     killed.append(child.pid)
 
