@@ -7,7 +7,7 @@ from factories import MACHINE, measurement
 from tuner.scoring import Capacity, Score
 from tuner.storage import StoredTrial, TrialState, ValidationMark
 from tuner.scoring import boundary
-from tuner.study.recommendation import Recommendation, candidates, others_carry, shortfall_sentence
+from tuner.study.recommendation import Recommendation, candidates, carried_by_others, shortfall_sentence
 from tuner.workers.engine_config import EngineConfig
 
 OVER = "ttft_p95_s 2.598 s is over the limit 2.000 s"
@@ -47,9 +47,9 @@ def test_a_kept_default_short_of_your_traffic_does_not_claim_that_no_configurati
     carried your traffic: "no configuration tried does" would be false, so the sentence says what happened."""
     launch = ValidationMark(1, 1, 2, 0, None)
     trials = [_trial(0, 1.1, [OVER]), _trial(1, 2.0, []), _trial(2, 3.0, [], mark=launch)]
-    assert others_carry(trials, 0) and not others_carry(trials, 1)
-    assert not others_carry([trials[0], trials[2]], 0)  # a validation launch is no configuration tried
-    kept = Recommendation(trials[0], boundary("interactive"), trials[0], others_carry=others_carry(trials, 0))
+    assert carried_by_others(trials, 0) and not carried_by_others(trials, 1)
+    assert not carried_by_others([trials[0], trials[2]], 0)  # a validation launch is no configuration tried
+    kept = Recommendation(trials[0], boundary("interactive"), trials[0], others_carry=carried_by_others(trials, 0))
     assert kept.shortfall() == (f"it does not carry your traffic within the boundary ({OVER}) as the search measured "
                                 "it; other configurations tried did, yet launched again none carried more than "
                                 "vLLM's default beyond noise")

@@ -160,7 +160,7 @@ def candidates(trials: list[StoredTrial]) -> list[StoredTrial]:
             and t.scored.capacity is not None and t.scored.capacity.rps is not None]
 
 
-def others_carry(trials: list[StoredTrial], number: int) -> bool:
+def carried_by_others(trials: list[StoredTrial], number: int) -> bool:
     """Whether a search trial other than trial `number` carried your traffic within the boundary."""
     return any(t.feasible for t in trials if t.validation is None and t.trial_number != number)
 
@@ -197,7 +197,7 @@ def recommend(repo: Repository, settings: StudySettings, optuna_study: optuna.St
         kept = baseline if baseline is not None and baseline.scored is not None else next(
             (by_number[n] for n in winner.trials if by_number[n].scored is not None), None)
         if kept is not None:
-            return Recommendation(kept, bound, baseline, validation, others_carry(trials, kept.trial_number))
+            return Recommendation(kept, bound, baseline, validation, carried_by_others(trials, kept.trial_number))
     found = candidates(trials)
     if not found:
         return None
