@@ -119,6 +119,10 @@ class LoadPolicy:
     # Each probe's trace is repeated until it holds this many requests: 73 all within a limit are the fewest
     # that tell a p95 from it with 95% confidence.
     probe_requests: int = 80
+    # ...and until its arrivals last this long: a burst that arrives within one request's latency ends before a
+    # queue could show that it grows, so it tells nothing of the pace the engine keeps (the tight KV budget of
+    # tests/integration/test_capacity_vllm.py passed 27 req/s in 32 requests arriving within 1.2 s).
+    probe_seconds: float = 20.0
     warmup_requests: int = 8  # replayed before the first probe, kept out of every figure
 
     def __post_init__(self) -> None:
@@ -133,12 +137,14 @@ class LoadPolicy:
                              f"{self.min_factor:g} to {self.max_factor:g}")
         if self.probe_requests < 1:
             raise TunerError(f"probe requests must be at least 1, got {self.probe_requests}")
+        if not 0 <= self.probe_seconds < math.inf:
+            raise TunerError(f"probe seconds must be at least 0, got {self.probe_seconds:g}")
         if self.warmup_requests < 0:
             raise TunerError(f"warm-up requests must be at least 0, got {self.warmup_requests}")
 
     @classmethod
     def from_options(cls, mode: str, precision: float, probe_budget: int, load_range: str | None,
-                     probe_requests: int) -> LoadPolicy:
+                     probe_requests: int, probe_seconds: float) -> LoadPolicy:
         """The policy as people type it (`--load search --precision 0.1 --load-range 0.25:8 ...`); TunerError
         for a value out of range."""
         bounds = {}
@@ -153,7 +159,7 @@ class LoadPolicy:
                 raise TunerError(f"load range must be MIN:MAX multiples of the reference load, got {load_range!r}"
                                  ) from None
         return cls(mode=mode, precision=precision, probe_budget=probe_budget, probe_requests=probe_requests,
-                   **bounds)
+                   probe_seconds=probe_seconds, **bounds)
 
     def refuse_undecidable(self, bound: Boundary, trace_requests: int) -> None:
         """TunerError for a load search whose probes at the reference load could never pass `bound`: a p95 limit
@@ -181,6 +187,7 @@ class LoadPolicy:
         """The policy `to_dict` gave; a study stored without one ran at a fixed load."""
         if not data:
             return cls.fixed()
+        data = {"probe_seconds": 0.0, **data}  # a study stored before probes had a least duration had none
         return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
 
     def plan(self, bound: Boundary, *, best_factor: float | None = None, below_reference: bool = False) -> LoadPlan:
@@ -212,6 +219,11 @@ class LoadSearch:
     def min_requests(self) -> int:
         """The policy's requests per probe: each probe's trace is repeated until it holds at least this many."""
         return self.policy.probe_requests
+
+    @property
+    def min_span_s(self) -> float:
+        """The policy's probe duration: each probe's trace is repeated until its arrivals last this long."""
+        return self.policy.probe_seconds
 
     def next_factor(self, runs: Sequence[ProbeRun]) -> float | None:
         """The next load, or None once the probes so far settle the capacity."""

@@ -50,6 +50,7 @@ class StudyRequest(BaseModel):
     probe_budget: int = 6
     load_range: Optional[str] = Field(None, description="MIN:MAX multiples of the reference load.")
     probe_requests: int = 80
+    probe_seconds: float = 20.0
 
 
 # The answers' shapes, declared for the service's OpenAPI document. An answer may carry more than is declared
@@ -542,7 +543,7 @@ class LocalStudies:
             plan=self.plan, sampler=request.sampler, seed=request.seed,
             request_timeout_s=request.request_timeout_s, startup_timeout_s=request.startup_timeout_s,
             load=LoadPolicy.from_options(request.load, request.precision, request.probe_budget, request.load_range,
-                                         request.probe_requests))
+                                         request.probe_requests, request.probe_seconds))
         created = {**settings.to_dict(), "storage": redact_url(self.plan.url)}
         if request.warm_from is not None or request.trace_latest is not None:
             carried = warm_start(request.name, self.plan, request.warm_from)

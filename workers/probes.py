@@ -84,6 +84,11 @@ class LoadPlan(Protocol):
         """Each probe's trace is repeated until it holds at least this many requests (0: never repeated)."""
         ...
 
+    @property
+    def min_span_s(self) -> float:
+        """...and until its arrivals last at least this long, in seconds (0: as long as the trace's)."""
+        ...
+
     def next_factor(self, runs: Sequence[ProbeRun]) -> float | None:
         """The rate of the next probe against the trace as selected, or None when the probes so far suffice."""
         ...
@@ -95,6 +100,7 @@ class FixedLoad:
 
     warmup_requests: int = 0
     min_requests: int = 0
+    min_span_s: float = 0.0
 
     def next_factor(self, runs: Sequence[ProbeRun]) -> float | None:
         """1 for the first probe, then None."""
@@ -102,8 +108,9 @@ class FixedLoad:
 
 
 def probe_trace(trace: Trace, factor: float, min_requests: int, reference_span_s: float) -> Trace:
-    """The trace at `factor` times its rate, repeated until it holds `min_requests` requests and lasts as long as
-    the reference load's trace: a faster probe then measures the engine over as long a time as the reference."""
+    """The trace at `factor` times its rate, repeated until it holds `min_requests` requests and lasts
+    `reference_span_s` (at least the reference load's trace): a faster probe then measures the engine over as long
+    a time as the reference."""
     scaled = scale_rate(trace, factor) if factor != 1.0 else trace
     if min_requests <= len(scaled.requests) and scaled.span_s >= reference_span_s:
         return scaled
@@ -150,7 +157,7 @@ def run_probes(engine: RunningEngine, trace: Trace, vocab_size: int, plan: LoadP
         probe_seed = seed + index * PROBE_SEED_STRIDE
         phase(f"waiting for an idle engine before probe {index + 1}")
         idle, waited = wait_until_idle(engine.base_url, request_timeout_s)
-        probed = probe_trace(trace, factor, plan.min_requests, trace.span_s)
+        probed = probe_trace(trace, factor, plan.min_requests, max(trace.span_s, plan.min_span_s))
         phase(f"probe {index + 1} at x{factor:.3g} the reference load")
         result = asyncio.run(replay(engine.base_url, prepare_requests(probed, vocab_size, SERVED_MODEL_NAME,
                                                                       probe_seed),

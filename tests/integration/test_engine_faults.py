@@ -324,6 +324,7 @@ class KillBeforeSecondProbe:
 
     warmup_requests: int = 0
     min_requests: int = 0
+    min_span_s: float = 0.0
 
     def next_factor(self, runs) -> float | None:
         if not runs:

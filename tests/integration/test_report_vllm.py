@@ -130,7 +130,7 @@ def test_compare_searches_each_capacity_and_finds_that_more_sequences_carry_more
     result = tuner("compare", "--model", str(tiny_model), "--trace", str(trace), "--set", "max_model_len=1024",
                    "--set", "enforce_eager=true", "--set", "kv_cache_memory_bytes=268435456",
                    "--vary", "max_num_seqs=1,8", *NO_LATENCY_LIMIT_ARGS, "--probe-requests", "16",
-                   "--probe-budget", "4", "--out", str(tmp_path / "out"))
+                   "--probe-seconds", "10", "--probe-budget", "4", "--out", str(tmp_path / "out"))
     assert result.returncode == 0
     text = " ".join(result.stdout.split())
     for line in ("max_num_seqs=1: load probes", "max_num_seqs=8: load probes", "offered req/s", "capacity: ",

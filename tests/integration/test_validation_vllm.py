@@ -30,7 +30,8 @@ FIXED = ["--max-requests", "8", "--rate-scale", "100", "--fit", "clip", "--load"
 # to find a load it carries on either. Its interval is never narrower than the search's 50% precision, far more
 # than two launches of one configuration differ by once interleaved.
 SEARCHED = ["--max-requests", "16", "--rate-scale", "6", "--fit", "clip", "--probe-requests", "24",
-            "--probe-budget", "6", "--precision", "0.5", "--load-range", "0.005:4", *NO_LATENCY_LIMIT_ARGS]
+            "--probe-seconds", "3", "--probe-budget", "6", "--precision", "0.5", "--load-range", "0.005:4",
+            *NO_LATENCY_LIMIT_ARGS]
 
 # Five or six launches in one command: about 7 minutes here, more than twice that beside other engines.
 MANY_LAUNCHES_S = 2700

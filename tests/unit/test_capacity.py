@@ -174,6 +174,26 @@ def test_a_probe_trace_is_repeated_to_the_reference_length_with_prefixes_shared_
     assert repeat(trace, 3, 0.0) is trace  # long enough already
 
 
+def test_a_burst_shorter_than_the_probe_duration_is_repeated_until_its_arrivals_last_that_long():
+    # 4 requests within 0.3 s: a burst that ends before one request could finish. A search's probes last the
+    # policy's seconds (20 by default) whatever the trace's span; a fixed load replays the trace as selected.
+    burst = Trace("t", "native", "0" * 64, tuple(TraceRequest(i * 0.1, 100, 10) for i in range(4)))
+    plan = LoadPolicy().plan(LIFTED)
+    assert plan.min_span_s == 20.0 and FixedLoad().min_span_s == 0.0
+    probed = probe_trace(burst, 1.0, plan.min_requests, max(burst.span_s, plan.min_span_s))
+    # A copy every 0.4 s, the rate kept: 51 copies, the fewest that last 20 s.
+    assert len(probed.requests) == 4 * 51 and probed.span_s == pytest.approx(20.3)
+    faster = probe_trace(burst, 4.0, plan.min_requests, max(burst.span_s, plan.min_span_s))
+    assert len(faster.requests) == 4 * 201 and faster.span_s == pytest.approx(20.075)
+
+
+def test_a_study_stored_before_probes_had_a_duration_keeps_probes_as_long_as_its_trace():
+    stored = LoadPolicy().to_dict()
+    del stored["probe_seconds"]
+    assert LoadPolicy.from_dict(stored).probe_seconds == 0.0
+    assert LoadPolicy.from_dict(LoadPolicy(probe_seconds=5.0).to_dict()).probe_seconds == 5.0
+
+
 def test_a_fixed_load_is_one_probe_at_the_reference():
     assert FixedLoad().next_factor([]) == 1.0
     assert FixedLoad().next_factor([_run(_records(4, 0.1, 0.5))]) is None
@@ -187,9 +207,12 @@ def test_a_fixed_load_is_one_probe_at_the_reference():
     (dict(load_range="2:8"), "load bounds must hold the reference load"),
     (dict(load_range="fast"), "load range must be MIN:MAX"),
     (dict(probe_requests=0), "probe requests must be at least 1"),
+    (dict(probe_seconds=-1.0), "probe seconds must be at least 0"),
+    (dict(probe_seconds=float("inf")), "probe seconds must be at least 0"),
 ])
 def test_bad_load_options_are_one_line_errors(options, message):
-    values = dict(mode="search", precision=0.1, probe_budget=6, load_range=None, probe_requests=100) | options
+    values = dict(mode="search", precision=0.1, probe_budget=6, load_range=None, probe_requests=100,
+                  probe_seconds=20.0) | options
     with pytest.raises(TunerError, match=message):
         LoadPolicy.from_options(**values)
 

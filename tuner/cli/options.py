@@ -74,14 +74,17 @@ LoadRangeOption = Annotated[Optional[str], typer.Option(help="MIN:MAX loads the 
 ProbeRequestsOption = Annotated[int, typer.Option(help="Each probe replays the trace, repeated, until it holds this "
                                                        "many requests (a p95 needs about 75 to be told from its "
                                                        "limit).")]
+ProbeSecondsOption = Annotated[float, typer.Option(help="...and until its arrivals last this many seconds (a burst "
+                                                        "shorter than a request's latency cannot show whether the "
+                                                        "engine keeps up).")]
 
 
 def load_policy(load: str, precision: float, probe_budget: int, load_range: str | None,
-                probe_requests: int) -> LoadPolicy:
+                probe_requests: int, probe_seconds: float) -> LoadPolicy:
     """The load policy the load options ask for (TunerError for a value out of range)."""
     from tuner.capacity import LoadPolicy
 
-    return LoadPolicy.from_options(load, precision, probe_budget, load_range, probe_requests)
+    return LoadPolicy.from_options(load, precision, probe_budget, load_range, probe_requests, probe_seconds)
 
 
 def trace_selection(window: str | None, max_requests: int | None, rate_scale: float | None,

@@ -15,8 +15,8 @@ from rich.text import Text
 from typing import TYPE_CHECKING
 
 from tuner.cli.options import (ArtifactsOption, BoundaryOption, CapOption, EngineArgOption, FitOption, FormatOption,
-                               JsonOption, LimitOption, LoadOption, LoadRangeOption, PrecisionOption,
-                               ProbeBudgetOption, ProbeRequestsOption, PromptSeedOption, RateOption,
+                               JsonOption, LimitOption, LoadOption, LoadRangeOption, PrecisionOption, ProbeBudgetOption,
+                               ProbeRequestsOption, ProbeSecondsOption, PromptSeedOption, RateOption,
                                ReplayedTraceOption, RequestTimeoutOption, ServedModelOption, ServerOption,
                                StartupTimeoutOption, StorageOption, StudyArgument, TokenFileOption, WindowOption,
                                load_policy, study_answers, trace_selection)
@@ -150,6 +150,7 @@ def compare(
     boundary: BoundaryOption = "interactive", limit: LimitOption = [],
     load: LoadOption = "search", precision: PrecisionOption = 0.1, probe_budget: ProbeBudgetOption = 6,
     load_range: LoadRangeOption = None, probe_requests: ProbeRequestsOption = 100,
+    probe_seconds: ProbeSecondsOption = 20.0,
     out_dir: Annotated[Optional[Path], typer.Option("--out", help="Folder for each value's log and records.")] = None,
     startup_timeout: StartupTimeoutOption = 600.0, request_timeout: RequestTimeoutOption = 600.0,
     seed: PromptSeedOption = 0,
@@ -171,7 +172,7 @@ def compare(
     base = EngineConfig.from_assignments(set_)
     variation = parse_vary(vary, base)
     bound = make_boundary(boundary, parse_limits(limit))
-    policy = load_policy(load, precision, probe_budget, load_range, probe_requests)
+    policy = load_policy(load, precision, probe_budget, load_range, probe_requests, probe_seconds)
     searched = policy.mode == "search"
     selection = trace_selection(window, max_requests, rate_scale, fit)
     model = model or default_model()
@@ -233,7 +234,8 @@ def compare(
         if searched:
             out.print(f"capacity: the highest load each value passed the boundary at, searched to within "
                       f"{policy.precision:.0%} in at most {policy.probe_budget} probes of at least "
-                      f"{policy.probe_requests} requests; the reference load is the trace at its selected rate",
+                      f"{policy.probe_requests} requests over {policy.probe_seconds:g} s; the reference load is the "
+                      f"trace at its selected rate",
                       highlight=False, soft_wrap=True)
         out.print(f"records: {out_dir}/{COMPARE_FILE}, {out_dir}/<value>/measurement.json, requests.csv, server.log",
                   highlight=False)

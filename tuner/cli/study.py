@@ -10,9 +10,9 @@ import typer
 from rich.table import Table
 
 from tuner.cli.options import (ArtifactsOption, JsonOption, LimitOption, LoadOption, LoadRangeOption, ModelOption,
-                               PrecisionOption, ProbeBudgetOption, ProbeRequestsOption, RequestTimeoutOption,
-                               ServerOption, SetOption, StartupTimeoutOption, StorageOption, StudyArgument,
-                               TokenFileOption, TraceOption, study_answers)
+                               PrecisionOption, ProbeBudgetOption, ProbeRequestsOption, ProbeSecondsOption,
+                               RequestTimeoutOption, ServerOption, SetOption, StartupTimeoutOption, StorageOption,
+                               StudyArgument, TokenFileOption, TraceOption, study_answers)
 from tuner.cli.present import best_so_far_line, default_line, print_recommendation
 from tuner.cli.run import study_run, study_validate
 from tuner.console import err, out, print_json
@@ -47,6 +47,7 @@ def study_create(
     request_timeout: RequestTimeoutOption = 600.0, startup_timeout: StartupTimeoutOption = 600.0,
     load: LoadOption = "search", precision: PrecisionOption = 0.1, probe_budget: ProbeBudgetOption = 6,
     load_range: LoadRangeOption = None, probe_requests: ProbeRequestsOption = 80,
+    probe_seconds: ProbeSecondsOption = 20.0,
     storage: StorageOption = None, artifacts: ArtifactsOption = None, as_json: JsonOption = False,
     server: ServerOption = None, token_file: TokenFileOption = None,
 ) -> None:
@@ -65,7 +66,7 @@ def study_create(
                                max_requests=max_requests, fit=fit, sampler=sampler, seed=seed,
                                request_timeout_s=request_timeout, startup_timeout_s=startup_timeout, load=load,
                                precision=precision, probe_budget=probe_budget, load_range=load_range,
-                               probe_requests=probe_requests)
+                               probe_requests=probe_requests, probe_seconds=probe_seconds)
     except ValidationError as exc:  # the request's own limits (a name of 1 to 200 characters): bad usage
         first = exc.errors()[0]
         raise TunerError(f"{'.'.join(map(str, first['loc']))}: {first['msg']}") from None

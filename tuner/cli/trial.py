@@ -12,9 +12,9 @@ from rich.text import Text
 
 from tuner.cli.options import (BoundaryOption, CapOption, EngineArgOption, FitOption, FormatOption, LimitOption,
                                LoadOption, LoadRangeOption, PrecisionOption, ProbeBudgetOption, ProbeRequestsOption,
-                               PromptSeedOption, RateOption, ReplayedTraceOption, RequestTimeoutOption,
-                               ServedModelOption, SetOption, StartupTimeoutOption, WindowOption, load_policy,
-                               trace_selection)
+                               ProbeSecondsOption, PromptSeedOption, RateOption, ReplayedTraceOption,
+                               RequestTimeoutOption, ServedModelOption, SetOption, StartupTimeoutOption, WindowOption,
+                               load_policy, trace_selection)
 from tuner.cli.present import print_probe_ladder
 from tuner.console import fmt, out, print_json, progress_bar
 
@@ -74,6 +74,7 @@ def trial_run(
     limit: LimitOption = [],
     load: LoadOption = "search", precision: PrecisionOption = 0.1, probe_budget: ProbeBudgetOption = 6,
     load_range: LoadRangeOption = None, probe_requests: ProbeRequestsOption = 80,
+    probe_seconds: ProbeSecondsOption = 20.0,
     as_json: Annotated[bool, typer.Option("--json", help="Print the record as JSON.")] = False,
 ) -> None:
     """Launch vLLM with one configuration and replay the trace open-loop against it: at several loads, to find
@@ -90,7 +91,7 @@ def trial_run(
     from tuner.workers.trial import TrialSpec, run_trial
 
     bound = named_boundary(boundary, parse_limits(limit))
-    policy = load_policy(load, precision, probe_budget, load_range, probe_requests)
+    policy = load_policy(load, precision, probe_budget, load_range, probe_requests, probe_seconds)
     config = EngineConfig.from_assignments(set_)
     model = model or default_model()
     trace = trace or bundled_trace()
