@@ -3,7 +3,9 @@
 A person tuning vLLM by hand reads the engine's figures: preemptions or a full KV cache mean the cache is short;
 requests waiting while every sequence slot is taken mean `max_num_seqs` caps concurrency; requests waiting (or
 first tokens late) with slots and cache free mean the per-step token budget (`max_num_batched_tokens`) or prefill
-compute admits them too slowly; nothing at a cap while throughput stops growing with load means compute.
+compute admits them too slowly; nothing at a cap while throughput stops growing with load means compute. Running
+and waiting are vLLM's gauges, read every 0.25 s: where they were read too seldom while requests were in flight,
+no limit is named, rather than compute for want of a sign.
 
 `Signs.read` holds these rules once: the bottleneck sampler reads them (from a trial's user attributes) to choose
 its next move, and `limiting_resource` names one of them, with its figures, for people (trial run, status, the
@@ -29,6 +31,9 @@ QUEUE_NOTICED_S = 0.5
 # Throughput counts as still growing with load when the edge probe completed more than this much more than the
 # capacity's probe.
 STILL_GROWING = 0.10
+# Fewer reads of the gauges than this while requests were in flight (a second's worth) cannot show a queue or a cap:
+# at 156 req/s on an idle machine, every read of a 32-request burst came before or after it, and compute was named.
+MIN_GAUGE_READS = 4
 LIMITING_RESOURCE_ATTR = "limiting_resource"  # the Optuna user attribute a measured trial keeps it in
 
 
@@ -40,6 +45,7 @@ class Limit(StrEnum):
     TOKEN_BUDGET = "max_num_batched_tokens"  # the per-step token budget, or prefill compute behind it
     COMPUTE = "compute"
     NONE_SHOWN = "none_shown"  # nothing at a cap and throughput still grew with load: no limit to name
+    UNREAD = "unread"  # vLLM's gauges were read too seldom while requests were in flight to name one
 
 
 @dataclass(frozen=True)
@@ -161,7 +167,7 @@ def diagnose(m: Measurement, caps: EngineCaps, *, ttft_limit_s: float | None = N
         "kv_usage_peak": round(f.kv_usage_peak, 4), "preemptions": f.preemptions, "running_peak": f.running_peak,
         "waiting_peak": f.waiting_peak, "queue_p95_s": f.queue_p95_s, "ttft_p95_s": f.ttft_p95_s,
         "completed_rps": f.completed_rps, "max_num_seqs": caps.max_num_seqs,
-        "max_num_batched_tokens": caps.max_num_batched_tokens}
+        "max_num_batched_tokens": caps.max_num_batched_tokens, "gauge_reads": m.gauge_reads}
     at = m.offered_rps
     where = f" at {at:.3g} req/s" if at else ""
     waiting = f"{f.waiting_peak:g} requests waiting"
@@ -170,6 +176,11 @@ def diagnose(m: Measurement, caps: EngineCaps, *, ttft_limit_s: float | None = N
         return LimitingResource(Limit.KV_CACHE, at, evidence,
                                 f"the KV cache{where}: usage peaked at {_pct(f.kv_usage_peak)}, {f.preemptions} "
                                 f"preemptions, {waiting} with {f.running_peak:g} running ({cap})")
+    if m.gauge_reads is not None and m.gauge_reads < MIN_GAUGE_READS:
+        return LimitingResource(Limit.UNREAD, at, evidence,
+                                f"no limit named{where}: vLLM's gauges were read {m.gauge_reads} times while requests "
+                                f"were in flight, too few to show a queue or a cap (its /metrics answered too "
+                                f"seldom, or the requests ended between two reads)")
     if signs.seqs_capped:
         return LimitingResource(Limit.MAX_NUM_SEQS, at, evidence,
                                 f"the max_num_seqs cap{where}: {f.running_peak:g} running at the cap of "

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, fields
 from tuner.traces.stats import percentile
 from tuner.workers.replay import Outcome, ReplayResult, RequestRecord
 from tuner.workers.server_metrics import (INFERENCE_TIME, PREEMPTIONS, PREFIX_HITS, PREFIX_QUERIES, QUEUE_TIME,
-                                    Histogram)
+                                    Histogram, TimelineSample)
 
 
 @dataclass(frozen=True)
@@ -137,6 +137,10 @@ class Measurement:
     # reported it with the response) or "histogram" (vLLM's queue-time histogram, quantiles interpolated
     # inside its buckets); None when there were none, or for a measurement stored before the choice was made.
     queue_source: str | None = None
+    # vLLM's gauges (running, waiting, KV usage) read from the first send to the last response: how much the peaks
+    # above rest on. A busy server answers /metrics seldom, and a burst can end between two reads. None for a
+    # measurement stored before it was counted.
+    gauge_reads: int | None = None
 
     def to_dict(self) -> dict:
         """As stored (the trial's `measurement` column and measurement.json): JSON-ready, nested records as dicts."""
@@ -214,7 +218,18 @@ def measure(result: ReplayResult) -> Measurement:
         tpot_s=Percentiles.of([r.itl_mean_s for r in finished if r.itl_mean_s is not None]),
         pace=Pace.of(records),
         queue_source=queue_source,
+        gauge_reads=_reads_in_flight(records, timeline),
     )
+
+
+def _reads_in_flight(records: list[RequestRecord], timeline: list[TimelineSample]) -> int:
+    """The gauge reads taken between the first request's send and the last response."""
+    sent = [r.sent_s for r in records if r.sent_s is not None]
+    ends = [r.sent_s + r.e2e_s for r in records if r.sent_s is not None and r.e2e_s is not None]
+    if not sent or not ends:
+        return 0
+    first, last = min(sent), max(ends)
+    return sum(first <= s.t_s <= last for s in timeline)
 
 
 QUEUE_PER_REQUEST = "per_request"

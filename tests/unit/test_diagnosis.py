@@ -10,6 +10,7 @@ from tuner.hardware import HardwareInfo
 from tuner.workers.measure import Measurement, Percentiles, measure
 from tuner.workers.probes import Probe
 from tuner.workers.replay import Outcome, ReplayResult, RequestRecord
+from tuner.workers.server_metrics import TimelineSample
 
 CAPS = EngineCaps(max_num_seqs=16, max_num_batched_tokens=2048, source="set")
 H200 = HardwareInfo("cuda", "NVIDIA H200", 139.8, 1, "cpu", 16, 128.0)
@@ -18,7 +19,8 @@ H200 = HardwareInfo("cuda", "NVIDIA H200", 139.8, 1, "cpu", 16, 128.0)
 def _m(rps: float = 4.0, offered: float = 5.0, **figures) -> Measurement:
     records = [RequestRecord(i, 0.0, 0.0, 10, 10, 10, Outcome.OK, ttft_s=0.1, e2e_s=1.0) for i in range(10)]
     base = measure(ReplayResult(records, 10.0, None, None))
-    calm = {"preemptions": 0, "kv_usage_peak": 0.3, "running_peak": 4.0, "waiting_peak": 0.0, "queue_s_p95": 0.0}
+    calm = {"preemptions": 0, "kv_usage_peak": 0.3, "running_peak": 4.0, "waiting_peak": 0.0, "queue_s_p95": 0.0,
+            "gauge_reads": 40}
     ttft = figures.pop("ttft_p95", None)
     m = replace(base, completed_rps=rps, offered_rps=offered, **{**calm, **figures})
     return replace(m, ttft_s=Percentiles(0.1, ttft, ttft)) if ttft is not None else m
@@ -37,6 +39,20 @@ def test_each_kind_is_named_with_its_figures():
     fixed = diagnose(_m(), CAPS)
     assert fixed.kind is Limit.COMPUTE and fixed.sentence.startswith("compute (nothing at a cap)")
     assert fixed.at_rps == 5.0 and fixed.to_dict()["kind"] == "compute"
+
+
+def test_gauges_read_too_seldom_name_no_limit_but_preemptions_still_show_the_kv_cache():
+    unread = diagnose(_m(running_peak=0.0, gauge_reads=2), CAPS)
+    assert unread.kind is Limit.UNREAD and unread.evidence["gauge_reads"] == 2
+    assert "gauges were read 2 times while requests were in flight" in unread.sentence
+    assert diagnose(_m(preemptions=3, gauge_reads=0), CAPS).kind is Limit.KV_CACHE  # a counter, not a gauge
+    assert diagnose(_m(gauge_reads=None), CAPS).kind is Limit.COMPUTE  # stored before reads were counted
+
+
+def test_only_the_reads_between_the_first_send_and_the_last_response_count():
+    records = [RequestRecord(i, 0.0, 1.0 + i, 10, 10, 10, Outcome.OK, ttft_s=0.1, e2e_s=1.0) for i in range(3)]
+    timeline = [TimelineSample(t, 1.0, 0.0, 0.1) for t in (0.5, 1.0, 2.5, 4.0, 4.5)]
+    assert measure(ReplayResult(records, 5.0, None, None, timeline)).gauge_reads == 3  # 1.0 to 4.0 s
 
 
 def test_a_short_wait_is_no_queue():
