@@ -198,15 +198,15 @@ class Validation:
     def sentence(self) -> str:
         """The verdict in one sentence, with the interval and the repeats behind it."""
         gain, d, f = self.gain, self.default, self.finalist
+        # Without an interval, some launch carried nothing: which, and why where it failed.
+        why = "; ".join(a.nothing_carried() for a in (f, d) if not a.carried_every_time)
         if self.against_itself:
             if gain is None:
-                return (f"A/A check: vLLM's default against itself gave no interval (it carried no load within "
-                        f"the boundary in {_zero_count(d, f)} launches)")
+                return f"A/A check: vLLM's default against itself gave no interval ({why})"
             verdict = ("includes 1, as it must for identical configurations" if gain.includes_one else
                        "excludes 1: at this many repeats the measurement calls identical configurations different")
             return f"A/A check: vLLM's default against itself ({gain.text()}): the interval {verdict}"
         if gain is None:
-            why = "; ".join(a.nothing_carried() for a in (f, d) if not a.carried_every_time)
             pick = "keep vLLM's default" if self.keep_default else f"{f.arm.label} is recommended"
             return f"no interval for {f.arm.label} against vLLM's default ({why}): {pick}"
         if not self.keep_default:
@@ -224,11 +224,6 @@ class Validation:
                 "order": list(self.order), "gain": gain.to_dict() if gain else None,
                 "keep_default": self.keep_default, "recommended": self.winner.arm.label,
                 "sentence": self.sentence()}
-
-
-def _zero_count(*arms: ArmResult) -> str:
-    zero = sum(v <= 0 for a in arms for v in a.values)
-    return f"{zero} of {sum(len(a.values) for a in arms)}"
 
 
 def launch_value(trial: StoredTrial, searched: bool) -> float | None:

@@ -121,6 +121,12 @@ def test_a_morning_summarys_best_that_carries_only_part_of_your_traffic_says_so(
                             "traffic within the boundary (ttft_p95_s 2.6 s is over the limit 2.0 s), and no "
                             "configuration tried does: it carries the most of it")
     assert short.context.line(meets=False).startswith("falls short at your traffic of the interactive")
+    # A kept default short of your traffic where a search trial carried it: stored, read back, and said.
+    kept = replace(short, others_carry=True)
+    again = ScheduleBest.from_dict(json.loads(json.dumps(kept.to_dict())))
+    assert again == kept and again.others_carry and not ScheduleBest.from_dict(stored).others_carry
+    assert again.line().endswith("other configurations tried did, yet launched again none carried more than vLLM's "
+                                 "default beyond noise")
 
 
 def test_the_morning_summary_reads_its_best_context_back_as_the_typed_record():

@@ -92,6 +92,10 @@ def test_an_a_a_check_says_whether_its_interval_includes_one():
     assert aa.sentence().endswith("the interval includes 1, as it must for identical configurations")
     drifted = _validation((2.0, 2.0), (3.0, 3.0), of_trial=None)
     assert "excludes 1" in drifted.sentence()
+    empty = _validation((2.0, 0.0), (2.1, 2.3), of_trial=None)
+    assert empty.gain is None and empty.sentence() == (
+        "A/A check: vLLM's default against itself gave no interval (vLLM's default carried no load within the "
+        "boundary in 1 of 2 launches)")
 
 
 def test_a_launch_that_carried_nothing_leaves_no_interval_and_says_so():
