@@ -352,6 +352,7 @@ BAD_COMMANDS = [
     ("create-precision-zero", [*OTHER, "--precision", "0"], "precision must be between 0 and 1"),
     ("create-load-range-above-reference", [*OTHER, "--load-range", "2:8"], "load bounds must hold the reference"),
     ("create-probe-budget-zero", [*OTHER, "--probe-budget", "0"], "probe budget must be at least 1"),
+    ("create-probe-seconds-negative", [*OTHER, "--probe-seconds", "-1"], "probe seconds must be at least 0"),
     ("create-probes-too-short", [*OTHER, "--load", "search", "--probe-requests", "32"],
      "needs at least 73 requests a probe"),
     ("create-window-backwards", [*OTHER, "--window", "400:300"], "window end must be after"),
