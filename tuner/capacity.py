@@ -161,10 +161,14 @@ class LoadPolicy:
         return cls(mode=mode, precision=precision, probe_budget=probe_budget, probe_requests=probe_requests,
                    probe_seconds=probe_seconds, **bounds)
 
-    def refuse_undecidable(self, bound: Boundary, trace_requests: int) -> None:
+    def refuse_undecidable(self, bound: Boundary, trace_requests: int, trace_span_s: float) -> None:
         """TunerError for a load search whose probes at the reference load could never pass `bound`: a p95 limit
         takes DECISIVE_REQUESTS requests a probe, and a probe there holds the trace's requests or the policy's
-        probe requests, whichever is more. Without it every trial would end "no load within the boundary"."""
+        probe requests, whichever is more. Without it every trial would end "no load within the boundary". And
+        for a search on a trace whose requests all arrive at once: it has no rate to scale, nor to repeat at."""
+        if self.mode == "search" and trace_span_s <= 0:
+            raise TunerError(f"a load search scales the trace's rate, and its {trace_requests} requests all arrive "
+                             f"at once: give a trace whose requests arrive over time, or --load fixed")
         limited = [name for name in PERCENTILE_LIMITS if getattr(bound, name) is not None]
         held = max(self.probe_requests, trace_requests)
         if self.mode == "search" and limited and held < DECISIVE_REQUESTS:

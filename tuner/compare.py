@@ -202,7 +202,7 @@ def run_compare(*, model: Path, trace_path: Path, selection: TraceSelection, var
     info = inspect_model(model)
     selected = load_trace(trace_path, selection, None, format)  # fitted per value, as a study fits per trial
     if boundary is not None:
-        policy.refuse_undecidable(boundary, len(selected.requests))
+        policy.refuse_undecidable(boundary, len(selected.requests), selected.span_s)
     result = CompareResult(variation, base_config, boundary=boundary, policy=policy)
     # Every trace is built before the first launch: a bad value fails now, not after minutes of trials.
     plans = []

@@ -247,8 +247,17 @@ def test_a_search_whose_reference_probe_could_never_pass_a_p95_limit_is_refused(
     short = LoadPolicy(probe_requests=32)
     with pytest.raises(TunerError, match="needs at least 73 requests a probe, and one at the reference load would "
                                          "hold 32"):
-        short.refuse_undecidable(boundary("interactive"), trace_requests=16)
-    short.refuse_undecidable(boundary("interactive"), trace_requests=80)  # the trace alone holds enough
-    short.refuse_undecidable(LIFTED, trace_requests=16)  # no percentile to decide
-    LoadPolicy(mode="fixed", probe_requests=32).refuse_undecidable(boundary("interactive"), trace_requests=16)
-    LoadPolicy().refuse_undecidable(boundary("interactive"), trace_requests=16)  # the default's 80
+        short.refuse_undecidable(boundary("interactive"), trace_requests=16, trace_span_s=6.0)
+    # The trace alone holds enough.
+    short.refuse_undecidable(boundary("interactive"), trace_requests=80, trace_span_s=30.0)
+    short.refuse_undecidable(LIFTED, trace_requests=16, trace_span_s=6.0)  # no percentile to decide
+    LoadPolicy(mode="fixed", probe_requests=32).refuse_undecidable(boundary("interactive"), trace_requests=16,
+                                                                   trace_span_s=6.0)
+    LoadPolicy().refuse_undecidable(boundary("interactive"), trace_requests=16, trace_span_s=6.0)  # the default's 80
+
+
+def test_a_search_on_requests_that_all_arrive_at_once_is_refused():
+    with pytest.raises(TunerError, match="its 8 requests all arrive at once: give a trace whose requests arrive "
+                                         "over time, or --load fixed"):
+        LoadPolicy().refuse_undecidable(LIFTED, trace_requests=8, trace_span_s=0.0)
+    LoadPolicy.fixed().refuse_undecidable(LIFTED, trace_requests=8, trace_span_s=0.0)  # one replay, as it is

@@ -98,7 +98,7 @@ def trial_run(
     info = inspect_model(model)
     loaded = load_trace(trace, trace_selection(window, max_requests, rate_scale, fit),
                         config.max_model_len or info.max_position_embeddings, format)
-    policy.refuse_undecidable(bound, len(loaded.requests))
+    policy.refuse_undecidable(bound, len(loaded.requests), loaded.span_s)
     out_dir = out_dir or Path("runs") / datetime.now().strftime("trial-%Y%m%d-%H%M%S")
     spec = TrialSpec(model=model, trace=loaded, config=config, out_dir=out_dir, startup_timeout_s=startup_timeout,
                      request_timeout_s=request_timeout, extra_args=tuple(engine_arg), seed=seed,

@@ -79,7 +79,7 @@ def create_study(name: str, *, model: str | Path, trace_path: str | Path, select
     bound = boundary(boundary_name, limits)
     info = inspect_model(model)
     trace = load_trace(trace_path, selection)
-    load.refuse_undecidable(bound, len(trace.requests))
+    load.refuse_undecidable(bound, len(trace.requests), trace.span_s)
     memory = read_model_memory(model)
     space_context = machine_space_context(info, memory, trace, selection.fit)
     loaded_space = (derive_space(memory, space_context.device, trace, selection.fit).space
