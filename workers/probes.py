@@ -107,14 +107,15 @@ class FixedLoad:
         return None if runs else 1.0
 
 
-def probe_trace(trace: Trace, factor: float, min_requests: int, reference_span_s: float) -> Trace:
-    """The trace at `factor` times its rate, repeated until it holds `min_requests` requests and lasts
-    `reference_span_s` (at least the reference load's trace): a faster probe then measures the engine over as long
-    a time as the reference."""
+def probe_trace(trace: Trace, factor: float, min_requests: int, min_span_s: float) -> Trace:
+    """The trace at `factor` times its rate, repeated until it holds `min_requests` requests and its arrivals last
+    as long as the reference load's trace, and at least `min_span_s`: a faster probe then measures the engine over
+    as long a time as the reference, and none is a burst shorter than its requests' latency."""
     scaled = scale_rate(trace, factor) if factor != 1.0 else trace
-    if min_requests <= len(scaled.requests) and scaled.span_s >= reference_span_s:
+    span = max(trace.span_s, min_span_s)
+    if min_requests <= len(scaled.requests) and scaled.span_s >= span:
         return scaled
-    return repeat(scaled, min_requests, reference_span_s)
+    return repeat(scaled, min_requests, span)
 
 
 def wait_until_idle(base_url: str, timeout_s: float) -> tuple[bool, float]:
@@ -157,7 +158,7 @@ def run_probes(engine: RunningEngine, trace: Trace, vocab_size: int, plan: LoadP
         probe_seed = seed + index * PROBE_SEED_STRIDE
         phase(f"waiting for an idle engine before probe {index + 1}")
         idle, waited = wait_until_idle(engine.base_url, request_timeout_s)
-        probed = probe_trace(trace, factor, plan.min_requests, max(trace.span_s, plan.min_span_s))
+        probed = probe_trace(trace, factor, plan.min_requests, plan.min_span_s)
         phase(f"probe {index + 1} at x{factor:.3g} the reference load")
         result = asyncio.run(replay(engine.base_url, prepare_requests(probed, vocab_size, SERVED_MODEL_NAME,
                                                                       probe_seed),

@@ -164,7 +164,7 @@ def test_capacity_is_the_highest_passing_load_with_how_the_search_ended():
 
 def test_a_probe_trace_is_repeated_to_the_reference_length_with_prefixes_shared_only_within_a_copy():
     trace = Trace("t", "native", "0" * 64, tuple(TraceRequest(i * 1.0, 100, 10, (i % 2,)) for i in range(4)))
-    faster = probe_trace(trace, 2.0, 10, trace.span_s)
+    faster = probe_trace(trace, 2.0, 10, 0.0)
     # 4 requests over 1.5 s at twice the rate: repeated to 3 copies (12 >= 10 requests) and >= 3 s.
     assert len(faster.requests) == 12 and faster.span_s >= trace.span_s
     assert faster.transformations[-1].kind == "repeat"
@@ -180,10 +180,10 @@ def test_a_burst_shorter_than_the_probe_duration_is_repeated_until_its_arrivals_
     burst = Trace("t", "native", "0" * 64, tuple(TraceRequest(i * 0.1, 100, 10) for i in range(4)))
     plan = LoadPolicy().plan(LIFTED)
     assert plan.min_span_s == 20.0 and FixedLoad().min_span_s == 0.0
-    probed = probe_trace(burst, 1.0, plan.min_requests, max(burst.span_s, plan.min_span_s))
+    probed = probe_trace(burst, 1.0, plan.min_requests, plan.min_span_s)
     # A copy every 0.4 s, the rate kept: 51 copies, the fewest that last 20 s.
     assert len(probed.requests) == 4 * 51 and probed.span_s == pytest.approx(20.3)
-    faster = probe_trace(burst, 4.0, plan.min_requests, max(burst.span_s, plan.min_span_s))
+    faster = probe_trace(burst, 4.0, plan.min_requests, plan.min_span_s)
     assert len(faster.requests) == 4 * 201 and faster.span_s == pytest.approx(20.075)
 
 
