@@ -426,7 +426,7 @@ def host_service(config: ServiceConfig, host: str, port: int, stop: threading.Ev
 
     # A replica that exits (Serve replaces one whose health check timed out on a busy machine) would have Ray
     # SIGKILL the runs it started, which then record nothing. Left alone, a run is told by SIGTERM as its
-    # replica's thread ends (die_with_parent) and stops its trials properly. For the local cluster started here;
+    # replica's thread ends (tied_to_this_thread) and stops its trials properly. For the local cluster started here;
     # a cluster of its own (`ray start`) takes the same variable from its environment.
     os.environ.setdefault("RAY_kill_child_processes_on_worker_exit", "false")
     connect_ray(config.ray_address, num_cpus=os.cpu_count())

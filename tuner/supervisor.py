@@ -2,7 +2,7 @@
 watched, stopped as Ctrl-C would (SIGTERM, then a kill after a grace), and what it printed collected.
 
 Each child is started by a thread of its own that waits for it and so lives exactly as long as it does: the child
-is tied to that thread (die_with_parent), so it is told to stop if this process dies, however it dies, and never
+is tied to that thread (tied_to_this_thread), so it is told to stop if this process dies, however it dies, and never
 because the thread that asked for it (a request's worker thread, which a server may retire) went away."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from tuner.study.events import RunReport
-from tuner.workers.process_group import die_with_parent
+from tuner.workers.tied import tied_to_this_thread
 
 STOP_GRACE_S = 60.0  # a child told to stop gets this long to stop its engines and record its trials, then is killed
 STDOUT_FILE, STDERR_FILE = "stdout.json", "stderr.log"
@@ -104,9 +104,9 @@ class StudyRunChild:
         try:
             with open(folder / STDOUT_FILE, "wb") as stdout, open(folder / STDERR_FILE, "wb") as stderr:
                 # A process group of its own: a Ray Serve replica that dies takes its group down 0.2 s after its
-                # SIGTERM, too soon for the run to record its trials; die_with_parent stops it properly instead.
-                process = subprocess.Popen(argv, stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL, env=env,
-                                           preexec_fn=die_with_parent, process_group=0)
+                # SIGTERM, too soon for the run to record its trials; tied to this thread, it is stopped properly.
+                process = subprocess.Popen(tied_to_this_thread(argv), stdout=stdout, stderr=stderr,
+                                           stdin=subprocess.DEVNULL, env=env, process_group=0)
         except BaseException as exc:
             launched.set_exception(exc)
             return

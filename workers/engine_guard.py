@@ -17,7 +17,8 @@ import subprocess
 import sys
 import threading
 
-from tuner.workers.process_group import die_with_parent, terminate_group
+from tuner.workers.process_group import terminate_group
+from tuner.workers.tied import tied_to_this_thread
 
 GRACE_S = 10.0
 _INNER = "--inner"
@@ -28,8 +29,7 @@ def _exit_code(code: int) -> int:
 
 
 def _outer(argv: list[str]) -> int:
-    inner = subprocess.Popen([sys.executable, "-m", "tuner.workers.engine_guard", _INNER, *argv],
-                             preexec_fn=die_with_parent)
+    inner = subprocess.Popen(tied_to_this_thread([sys.executable, "-m", "tuner.workers.engine_guard", _INNER, *argv]))
 
     def forward(signum, frame) -> None:
         inner.send_signal(signal.SIGTERM)
@@ -65,13 +65,8 @@ def _inner(argv: list[str]) -> int:
 
 
 def main() -> int:
-    """The guard's entry point (argv: the server's command line): runs it under the two guards and returns its exit
-    status (128 + N for signal N; 128 + SIGTERM when told to stop), or 1 if the launcher died before the guard was
-    armed."""
-    parent = os.getppid()
-    die_with_parent(signal.SIGTERM)
-    if os.getppid() != parent:  # the parent died before the signal was armed
-        return 1
+    """The guard's entry point (argv: the server's command line), started tied to its launcher: runs the server
+    under the two guards and returns its exit status (128 + N for signal N; 128 + SIGTERM when told to stop)."""
     if sys.argv[1:2] == [_INNER]:
         return _inner(sys.argv[2:])
     return _outer(sys.argv[1:])

@@ -21,7 +21,8 @@ import psutil
 from tuner.models import inspect_model
 from tuner.workers.engine_config import EngineConfig
 from tuner.workers.failures import EngineFailure, classify_failure
-from tuner.workers.process_group import die_with_parent, terminate_group
+from tuner.workers.process_group import terminate_group
+from tuner.workers.tied import tied_to_this_thread
 
 SERVED_MODEL_NAME = "model"
 STOP_GRACE_S = 10.0
@@ -199,11 +200,10 @@ def start_engine(model: str | Path, config: EngineConfig, log_path: str | Path, 
         # taking the group with it, if this process dies. Unbuffered, so the log is live while it runs and
         # complete up to the moment a server is killed.
         launched_at = time.time()
-        process = subprocess.Popen([sys.executable, "-m", "tuner.workers.engine_guard", *argv], stdout=log,
-                                   stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        process = subprocess.Popen(tied_to_this_thread([sys.executable, "-m", "tuner.workers.engine_guard", *argv]),
+                                   stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                    env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
-                                   start_new_session=True,
-                                   preexec_fn=die_with_parent)
+                                   start_new_session=True)
     engine = RunningEngine(process, argv, f"http://127.0.0.1:{port}", log_path, 0.0, launched_at)
     _LIVE.add(engine)
     try:

@@ -3,19 +3,9 @@
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
-import signal
 
 import psutil
-
-PR_SET_PDEATHSIG = 1
-
-
-def die_with_parent(sig: int = signal.SIGTERM) -> None:
-    """Ask the kernel to send `sig` to this process when the thread that started it exits (even by SIGKILL)."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, sig)
 
 
 def _running(proc: psutil.Process) -> bool:

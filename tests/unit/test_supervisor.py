@@ -72,3 +72,25 @@ def test_a_child_is_told_to_stop_when_the_process_watching_it_dies(tmp_path):
     watcher.wait()
     psutil.wait_procs([child], timeout=10)
     assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE
+
+
+def _start_beside_an_aborting_at_fork_handler(folder: Path, *, vfork: bool) -> str:
+    """How a child ended, started by a process holding an at-fork handler that aborts: `state exit_code`."""
+    code = (f"import ctypes, os, subprocess, sys; from pathlib import Path; subprocess._USE_VFORK = {vfork}; "
+            "from tuner.supervisor import StudyRunChild; libc = ctypes.CDLL('libc.so.6'); "
+            "assert libc.__register_atfork(None, None, ctypes.cast(libc.abort, ctypes.c_void_p), None) == 0; "
+            "end = StudyRunChild.start([sys.executable, '-c', 'print(42)'], dict(os.environ), "
+            f"Path({str(folder)!r})).wait(60); print(end.state, end.exit_code)")
+    folder.mkdir()
+    driver = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=90)
+    assert driver.returncode == 0, driver.stderr
+    return driver.stdout.strip()
+
+
+def test_a_child_starts_even_when_its_launcher_holds_an_at_fork_handler_that_aborts(tmp_path):
+    # In a Ray Serve replica grpc's at-fork handler once aborted a `tuner study run` before it could exec (CI,
+    # 2026-12-05). A handler that always aborts stands in for it.
+    assert _start_beside_an_aborting_at_fork_handler(tmp_path / "started", vfork=True) == "finished 0"
+    assert (tmp_path / "started" / "stdout.json").read_text() == "42\n"
+    # The stand-in is real: a child this launcher forks (as a preexec_fn would make it) dies of it.
+    assert _start_beside_an_aborting_at_fork_handler(tmp_path / "forked", vfork=False) == f"failed {-signal.SIGABRT}"
