@@ -1,10 +1,12 @@
 """Reports on real vLLM (CPU build) and the tiny model: the study report in headless Chromium, `tuner compare`
 showing preemptions only where the KV budget cannot hold every sequence at once (at a fixed load), and
-`tuner compare` finding that more sequences at once carry more load (its default, the load search)."""
+`tuner compare` searching each setting's capacity (its default, the load search) and giving the verdict the two
+capacities call for."""
 
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -119,11 +121,14 @@ def test_compare_shows_preemptions_only_for_the_larger_max_num_seqs(tiny_model, 
     assert (tmp_path / "max_num_seqs=16" / "measurement.json").is_file()
 
 
-def test_compare_searches_each_capacity_and_finds_that_more_sequences_carry_more(tiny_model, tmp_path, monkeypatch):
+def test_compare_searches_each_capacity_and_gives_the_verdict_they_call_for(tiny_model, tmp_path, monkeypatch):
     monkeypatch.setenv("COLUMNS", "160")
-    # Short prompts and long answers, 2 req/s: decoding is the work, and eight sequences decoded together carry
-    # several times the load one at a time does (about 3x on two busy cores), on any machine. With the latency
-    # limits lifted a probe is judged by whether the engine kept up and served every request.
+    # Short prompts and long answers, 2 req/s: decoding is the work, and on an idle machine eight sequences
+    # decoded together carry several times the load one at a time does (8.10 against 2.91 req/s). Not always on
+    # a crowded one: beside another test's engines both stalled at the same 3.46 req/s (2026-12-05), and with one
+    # core kept busy both did in one run and differed x6.6 in the next. So the test asserts what holds on any
+    # machine: each search ran its own setting, and the verdict is the one its two capacities call for. With the
+    # latency limits lifted a probe is judged by whether the engine kept up and served every request.
     trace = tmp_path / "decode-heavy.jsonl"
     trace.write_text("".join(json.dumps({"arrival_s": i * 0.5, "input_tokens": 32, "output_tokens": 96}) + "\n"
                              for i in range(12)))
@@ -149,7 +154,14 @@ def test_compare_searches_each_capacity_and_finds_that_more_sequences_carry_more
         assert 2 <= len(run["probes"]) <= 4 and run["capacity"]["probes"] == len(run["probes"])
         assert run["probes"][0]["factor"] == 1.0 and run["probes"][0]["requests"] >= 16
         assert run["capacity"]["rps"] is not None, run["capacity"]
-    assert many["capacity"]["rps"] > few["capacity"]["rps"] * 1.1
+    for run, seqs in ((few, 1), (many, 8)):  # vLLM's own log of the settings it was given
+        log = (tmp_path / "out" / run["label"] / "server.log").read_text()
+        assert re.search(rf"non-default args: {{.*'max_num_seqs': {seqs}[,}}]", log), run["label"]
     (verdict,) = data["verdicts"]
     assert verdict in text
-    assert verdict.startswith("max_num_seqs=8 rather than 1: carries more, ")
+    low, high = sorted((few["capacity"]["rps"], many["capacity"]["rps"]))
+    if high <= low * 1.1:  # within the search's precision: the search cannot tell them apart, and says so
+        assert verdict.startswith("max_num_seqs=8 rather than 1: about the same capacity, "), verdict
+    else:
+        more = "more" if many["capacity"]["rps"] > few["capacity"]["rps"] else "less"
+        assert verdict.startswith(f"max_num_seqs=8 rather than 1: carries {more}, "), verdict
