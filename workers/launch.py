@@ -19,6 +19,7 @@ import httpx
 import psutil
 
 from tuner.models import inspect_model
+from tuner.workers.compile_cache import engine_cache_env
 from tuner.workers.engine_config import EngineConfig
 from tuner.workers.failures import EngineFailure, classify_failure
 from tuner.workers.process_group import terminate_group
@@ -202,7 +203,7 @@ def start_engine(model: str | Path, config: EngineConfig, log_path: str | Path, 
         launched_at = time.time()
         process = subprocess.Popen(tied_to_this_thread([sys.executable, "-m", "tuner.workers.engine_guard", *argv]),
                                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                   env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+                                   env={**os.environ, "PYTHONUNBUFFERED": "1", **engine_cache_env(), **(env or {})},
                                    start_new_session=True)
     engine = RunningEngine(process, argv, f"http://127.0.0.1:{port}", log_path, 0.0, launched_at)
     _LIVE.add(engine)

@@ -6,6 +6,7 @@ import statistics
 from dataclasses import asdict, dataclass, fields
 
 from tuner.traces.stats import percentile
+from tuner.workers.compile_cache import CompileCache
 from tuner.workers.replay import Outcome, ReplayResult, RequestRecord
 from tuner.workers.server_metrics import (INFERENCE_TIME, PREEMPTIONS, PREFIX_HITS, PREFIX_QUERIES, QUEUE_TIME,
                                     Histogram, TimelineSample)
@@ -34,6 +35,7 @@ class TrialTimings:
     startup_s: float
     replay_s: float
     teardown_s: float
+    compile_cache: CompileCache = CompileCache.UNUSED  # how the engine came by its compiled graphs at startup
 
     @property
     def total_s(self) -> float:
@@ -41,13 +43,15 @@ class TrialTimings:
         return self.startup_s + self.replay_s + self.teardown_s
 
     def to_dict(self) -> dict:
-        """The three phases and their total."""
-        return {**asdict(self), "total_s": self.total_s}
+        """The three phases, their total and the compile cache's state."""
+        return {**asdict(self), "compile_cache": self.compile_cache.value, "total_s": self.total_s}
 
     @classmethod
     def from_dict(cls, data: dict) -> TrialTimings:
-        """The timings `to_dict` gave (the total is computed again, not read)."""
-        return cls(data["startup_s"], data["replay_s"], data["teardown_s"])
+        """The timings `to_dict` gave (the total is computed again, not read). Records stored before the compile
+        cache was read say nothing of it: unused."""
+        return cls(data["startup_s"], data["replay_s"], data["teardown_s"],
+                   CompileCache(data.get("compile_cache", CompileCache.UNUSED.value)))
 
 
 @dataclass(frozen=True)

@@ -1,34 +1,65 @@
 #!/usr/bin/env bash
-# The product itself on one H200: a real study (Ray worker on the GPU, SQLite) of Llama-3.1-8B with dummy
-# weights against the bundled cut of the Azure 2023 conversation trace, then `tuner compare` at two
-# max_num_seqs. Run on the GPU machine from the repository root, after the wheels were staged into
-# /tmp/stage (../shared/gpu/README.md):  bash benchmarks/gpu/h200_llama8b.sh study|more|compare
-# Each phase fits one 10-minute call; /tmp survives between calls while the machine stays warm. Every phase
-# leaves what it has so far in $OUT/h200-llama8b.tar.gz. STUDY_S / MORE_S: seconds of trials each phase starts.
+# The product itself on one H200, as users run it: a capacity study (Ray worker on the GPU, SQLite) of
+# Llama-3.1-8B with dummy weights on the production engine (CUDA graphs and torch.compile, no enforce_eager),
+# then validation of its best against vLLM's default. Run on the GPU machine from the repository root, after
+# the wheels were staged into /tmp/stage (../shared/gpu/README.md):
+#   bash benchmarks/gpu/h200_llama8b.sh study      # create the study, start its trials in the background, wait
+#   bash benchmarks/gpu/h200_llama8b.sh validate   # start the validation in the background, wait
+#   bash benchmarks/gpu/h200_llama8b.sh wait       # wait again for what is running
+#   bash benchmarks/gpu/h200_llama8b.sh compare    # 2026-12-02's concurrency check (eager, as then)
+# The trials and the validation run in their own session (setsid), so they go on between calls while the
+# machine stays warm; each call waits at most WAIT_S seconds (default 540), then leaves everything so far in
+# $OUT/h200-llama8b.tar.gz. TRIALS: trials the study runs (default 5, vLLM's default among them).
 set -euo pipefail
 phase=$1
 [ -d /tmp/site/vllm ] || bash /tmp/stage/install.sh >/dev/null
 export PYTHONPATH=/tmp/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 TUNER_HOME=/tmp/tuner-home PYTHONUNBUFFERED=1
 export TUNER_STORAGE=sqlite:////tmp/tuner-home/h200.db TUNER_ARTIFACTS=/tmp/tuner-home/artifacts
+name=h200-llama8b-prod
 model=/tmp/models/llama-3.1-8b
 tuner() { python3 -m tuner "$@"; }
-out=/tmp/tuner-home/out
+home=/tmp/tuner-home out=/tmp/tuner-home/out
 mkdir -p "$out"
-pack() { tar -czf "${OUT:-/tmp}/h200-llama8b.tar.gz" -C /tmp/tuner-home h200.db out artifacts/trials 2>/dev/null || true; }
+pack() {
+  tuner study status "$name" --json > "$out/status.json" 2>/dev/null || true
+  tuner study best "$name" > "$out/best.txt" 2>&1 || true
+  tuner study best "$name" --json > "$out/best.json" 2>/dev/null || true
+  tuner study export "$name" --out "$out/export.json" >/dev/null 2>&1 || true
+  tar -czf "${OUT:-/tmp}/h200-llama8b.tar.gz" -C "$home" h200.db out artifacts/trials 2>/dev/null || true
+}
 trap pack EXIT
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$out/nvidia-smi.csv"
+# In the background, in its own session: outlives this call while the machine stays warm.
+detach() { setsid nohup "$@" < /dev/null & echo $! > "$home/running.pid"; }
+wait_running() {
+  local deadline=$((SECONDS + ${WAIT_S:-540})) pid
+  pid=$(cat "$home/running.pid" 2>/dev/null) || return 0
+  while kill -0 "$pid" 2>/dev/null && ((SECONDS < deadline)); do sleep 5; done
+  if kill -0 "$pid" 2>/dev/null; then echo "still running"; else echo "finished"; fi
+  tail -n 5 "$out"/*.log 2>/dev/null || true
+}
 case $phase in
   study)
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$out/nvidia-smi.csv"
+    setsid nohup nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv -l 5 \
+      > "$out/gpu-use.csv" 2>/dev/null < /dev/null &
     tuner model arch llama-3.1-8b "$model"
-    # All 1,000 requests of the bundled cut at 4.5 times their recorded rate: 20.8 req/s offered for 48 s,
-    # where vLLM's default configuration (eager) nears its knee (600 requests at 16 req/s, on 2026-12-02, put it
-    # under no pressure).
-    tuner study create h200-llama8b --model "$model" --space h200-llama8b --boundary interactive \
-      --rate-scale 4.5 --seed 0 --startup-timeout 400 --request-timeout 300 | tee "$out/create.txt"
-    tuner study run h200-llama8b --trials 12 --timeout "${STUDY_S:-420}" --json | tee "$out/run-1.json"
+    # The bundled cut's first 300 requests at 5 times their recorded rate: 17.9 req/s offered for 16.8 s, where
+    # vLLM's default is busy but inside the interactive boundary (19.8 req/s of this trace held p95 TTFT 0.33 s
+    # and p95 end-to-end 10.3 s on 2026-12-03). Probes of at least 8 s keep a trial to minutes.
+    tuner study create "$name" --model "$model" --space h200-llama8b --boundary interactive \
+      --max-requests 300 --rate-scale 5 --probe-requests 300 --probe-seconds 8 --probe-budget 5 \
+      --seed 0 --startup-timeout 400 --request-timeout 300 | tee "$out/create.txt"
+    detach bash -c "python3 -m tuner study run $name --trials ${TRIALS:-5} --no-validate --json \
+      > $out/run-study.json 2> $out/run-study.log"
+    wait_running
     ;;
-  more)
-    tuner study run h200-llama8b --trials 12 --timeout "${MORE_S:-480}" --json | tee "$out/run-2.json"
+  validate)
+    detach bash -c "python3 -m tuner study validate $name --repeats 2 --json \
+      > $out/validate.json 2> $out/validate.log"
+    wait_running
+    ;;
+  wait)
+    wait_running
     ;;
   compare)
     tuner compare --model "$model" --max-requests 600 --rate-scale 4 --set dtype=bfloat16 \
@@ -36,7 +67,3 @@ case $phase in
       --startup-timeout 300 --request-timeout 300 --out "$out/compare" --json | tee "$out/compare.json"
     ;;
 esac
-tuner study status h200-llama8b --json > "$out/status.json" || true
-tuner study best h200-llama8b > "$out/best.txt" 2>&1 || true
-tuner study best h200-llama8b --json > "$out/best.json" 2>/dev/null || true
-tuner study export h200-llama8b --out "$out/export.json" || true

@@ -3,10 +3,12 @@ no engine process outlives any of them."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -68,7 +70,11 @@ def _wait_for_replay(tmp_path, proc, timeout_s=240):
 def test_interrupted_driver_stops_its_engine(tiny_model, tmp_path, sig):
     proc = _cli_trial(tiny_model, tmp_path)
     _wait_for_replay(tmp_path, proc)
-    assert vllm_processes(), "the engine should be running mid-replay"
+    engines = vllm_processes()
+    assert engines, "the engine should be running mid-replay"
+    # Every engine on this node compiles into (and loads from) tuner's one cache folder.
+    home = os.environ.get("TUNER_HOME") or str(Path.home() / ".local" / "share" / "tuner")
+    assert {p.environ().get("VLLM_CACHE_ROOT") for p in engines} == {str(Path(home) / "engine-cache")}
     proc.send_signal(sig)
     proc.wait(timeout=60)
     assert proc.returncode != 0

@@ -63,6 +63,7 @@ def test_large_kv_budget_serves_every_request_in_full_without_preemption(tiny_mo
     assert m["queue_s_p50"] is not None and 0 <= m["queue_s_p50"] <= m["queue_s_p95"]
     assert record["timings"]["startup_s"] > 0 and record["timings"]["replay_s"] > 0
     assert record["timings"]["teardown_s"] >= 0
+    assert record["timings"]["compile_cache"] == "unused"  # eager: nothing compiled, nothing loaded
     rows = list(csv.DictReader(open(out_dir / "requests.csv")))
     assert len(rows) == REQUESTS
     assert all(int(r["output_tokens"]) == int(r["requested_tokens"]) for r in rows)

@@ -37,7 +37,8 @@ def _trial_table(record) -> Table:
     for step in trace.transformations:
         table.add_row("", step)
     t = record.timings
-    table.add_row("time", f"startup {t.startup_s:.1f} s, replay {t.replay_s:.1f} s, teardown {t.teardown_s:.1f} s")
+    table.add_row("time", f"startup {t.startup_s:.1f} s (compile cache {t.compile_cache.value}), "
+                          f"replay {t.replay_s:.1f} s, teardown {t.teardown_s:.1f} s")
     if record.failure is not None:
         f = record.failure
         table.add_row(Text("failure", style="red"), Text.assemble((f.kind.value, "red"), f": {f.message}"))

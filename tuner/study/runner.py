@@ -495,6 +495,7 @@ class StudyRunner:
         if held_by is not None:  # for the dashboard: the kind, the load, the figures and a sentence
             trial.set_user_attr(LIMITING_RESOURCE_ATTR, held_by.to_dict())
         trial.set_user_attr("startup_s", record.timings.startup_s)
+        trial.set_user_attr("compile_cache", record.timings.compile_cache.value)
         if KV_PREDICTION_ATTR in trial.user_attrs:
             try:
                 logged = logged_kv_tokens(Path(record.log_path).read_text(errors="replace"))
