@@ -12,8 +12,10 @@ from tuner.paths import tuner_home
 
 CACHE_ROOT_VAR = "VLLM_CACHE_ROOT"  # vLLM keeps torch.compile's artifacts (inductor's, Triton's) under it
 
-# vLLM's log lines (0.24 and 0.32 alike; 0.32 puts a prefix before each): a graph compiled, or loaded compiled.
-_COMPILED = re.compile(r"Compiling a graph for .* takes [\d.]+ s")
+# vLLM's log lines (0.24 and 0.32 alike; 0.32 puts a prefix before each): a graph compiled (piecewise, or whole
+# and saved ahead of time, the CPU build's way, or again after a cached one failed to load), or loaded compiled.
+_COMPILED = re.compile(r"Compiling a graph for .* takes [\d.]+ s|saved AOT compiled function to |"
+                       r"Compiling model again due to a load failure")
 _LOADED = re.compile(r"Directly load the compiled graph\(s\) for |Directly load AOT compilation from path ")
 
 

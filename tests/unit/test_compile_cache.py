@@ -20,6 +20,13 @@ COMPILED_032 = ("INFO 12-05 06:00:00 [backends.py:399] [backbone] Compiling a gr
                 "takes 9.10 s")
 CACHE_DIR = ("INFO [backends.py:1090] Using cache directory: /root/.cache/vllm/torch_compile_cache/ab12 for vLLM's "
              "torch.compile")
+# The CPU build (0.32.0) on the tiny model, without enforce_eager: compiled and saved on the first launch, and on
+# the second compiled again, as its cached function failed to load (seen on 2026-12-05).
+CPU_SAVED = ("(Worker pid=4778) INFO 12-05 05:36:51 [decorators.py:743] [backbone] saved AOT compiled function to "
+             "/tmp/cc/home/engine-cache/torch_compile_cache/torch_aot_compile/bd9d/rank_0_0/model")
+CPU_AGAIN = ("(Worker pid=5077) WARNING 12-05 05:37:24 [decorators.py:333] [backbone] Compiling model again due to a "
+             "load failure from /tmp/cc/home/engine-cache/torch_compile_cache/torch_aot_compile/bd9d/rank_0_0/model, "
+             "reason: 'function' object has no attribute 'finalize_loading'")
 EAGER = "INFO 12-05 06:00:00 [core.py:100] Cuda graph is disabled: enforce_eager=True"
 
 
@@ -28,6 +35,8 @@ EAGER = "INFO 12-05 06:00:00 [core.py:100] Cuda graph is disabled: enforce_eager
     (COMPILED_032, CompileCache.COLD),
     ("\n".join([CACHE_DIR, LOADED_024]), CompileCache.WARM),
     (LOADED_AOT, CompileCache.WARM),
+    (CPU_SAVED, CompileCache.COLD),
+    ("\n".join([CPU_AGAIN, CPU_SAVED]), CompileCache.COLD),
     # A shape loaded from the cache beside one compiled anew: the launch paid for a compilation.
     ("\n".join([LOADED_024, COMPILED_024]), CompileCache.COLD),
     (EAGER, CompileCache.UNUSED),
