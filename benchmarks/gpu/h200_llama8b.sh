@@ -10,15 +10,29 @@
 # The trials and the validation run in their own session (setsid), so they go on between calls while the
 # machine stays warm; each call waits at most WAIT_S seconds (default 540), then leaves everything so far in
 # $OUT/h200-llama8b.tar.gz. TRIALS: trials the study runs (default 5, vLLM's default among them).
+# A machine can be taken back mid-run (seen on 2026-12-05): put the last tarball that came back into .gpu-state/
+# and carry that folder too; a fresh machine of the same GPU model then goes on with the study where it stopped
+# (a trial cut off is re-run). The study is named for the GPU model, so an H100 and an H200 never share one.
 set -euo pipefail
 phase=$1
 [ -d /tmp/site/vllm ] || bash /tmp/stage/install.sh >/dev/null
 export PYTHONPATH=/tmp/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 TUNER_HOME=/tmp/tuner-home PYTHONUNBUFFERED=1
 export TUNER_STORAGE=sqlite:////tmp/tuner-home/h200.db TUNER_ARTIFACTS=/tmp/tuner-home/artifacts
-name=h200-llama8b-prod
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)
+case $gpu in
+  # The reference load: the first 300 requests of the bundled cut at this many times their recorded rate
+  # (3.57 req/s), where vLLM's default is busy but inside the boundary. On an H100 it carried 13.8 req/s
+  # (2026-12-05); on the H200 19.8 req/s of this trace held p95 TTFT 0.33 s and p95 end-to-end 10.3 s (2026-12-03).
+  *H100*) name=h100-llama8b-prod scale=${RATE_SCALE:-3.5} ;;
+  *) name=h200-llama8b-prod scale=${RATE_SCALE:-5} ;;
+esac
 model=/tmp/models/llama-3.1-8b
 tuner() { python3 -m tuner "$@"; }
 home=/tmp/tuner-home out=/tmp/tuner-home/out
+if [ ! -e "$home/h200.db" ] && [ -f .gpu-state/h200-llama8b.tar.gz ]; then
+  mkdir -p "$home" && tar -xzf .gpu-state/h200-llama8b.tar.gz -C "$home"
+  grep -q "$gpu" "$home/out/nvidia-smi.csv" || { echo "the carried study ran on another GPU model" >&2; exit 2; }
+fi
 mkdir -p "$out"
 pack() {
   tuner study status "$name" --json > "$out/status.json" 2>/dev/null || true
@@ -41,14 +55,13 @@ case $phase in
   study)
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$out/nvidia-smi.csv"
     setsid nohup nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv -l 5 \
-      > "$out/gpu-use.csv" 2>/dev/null < /dev/null &
+      >> "$out/gpu-use.csv" 2>/dev/null < /dev/null &
     tuner model arch llama-3.1-8b "$model"
-    # The bundled cut's first 300 requests at 5 times their recorded rate: 17.9 req/s offered for 16.8 s, where
-    # vLLM's default is busy but inside the interactive boundary (19.8 req/s of this trace held p95 TTFT 0.33 s
-    # and p95 end-to-end 10.3 s on 2026-12-03). Probes of at least 8 s keep a trial to minutes.
-    tuner study create "$name" --model "$model" --space h200-llama8b --boundary interactive \
-      --max-requests 300 --rate-scale 5 --probe-requests 300 --probe-seconds 8 --probe-budget 5 \
-      --seed 0 --startup-timeout 400 --request-timeout 300 | tee "$out/create.txt"
+    # Probes of at least 8 s (300 requests at the reference load) keep a trial to minutes.
+    tuner study status "$name" > /dev/null 2>&1 ||
+      tuner study create "$name" --model "$model" --space h200-llama8b --boundary interactive \
+        --max-requests 300 --rate-scale "$scale" --probe-requests 300 --probe-seconds 8 --probe-budget 5 \
+        --seed 0 --startup-timeout 400 --request-timeout 300 | tee "$out/create.txt"
     detach bash -c "python3 -m tuner study run $name --trials ${TRIALS:-5} --no-validate --json \
       > $out/run-study.json 2> $out/run-study.log"
     wait_running
