@@ -40,6 +40,24 @@ RUN_MARK = "TUNER_TEST_RUN"
 os.environ[RUN_MARK] = uuid.uuid4().hex
 
 
+def bind_engines_to_this_workers_core() -> None:
+    """Give the engines of each xdist worker their own core, as two vLLM CPU servers on one machine are deployed
+    (and as tuner's own CPU slots are: workers/pool.py). Left to vLLM's automatic binding, every engine puts its
+    worker on the first core and keeps the second for its front end, so two engines started at once by the two
+    workers start on one core. Side by side on this machine, 8-request trials started in 29-38 s each pinned against
+    43-54 s each left to vLLM (three rounds, 2026-12-05; the pinned engines' replays were slower under heavy load,
+    see BENCHMARKS.md section 6). A binding the user gave stays."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    cores = sorted(os.sched_getaffinity(0))
+    if not worker.startswith("gw") or len(cores) < 2 or "VLLM_CPU_OMP_THREADS_BIND" in os.environ:
+        return
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = str(cores[int(worker[2:]) % len(cores)])
+    os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
+
+
+bind_engines_to_this_workers_core()
+
+
 def vllm_processes() -> list[psutil.Process]:
     """Every live vLLM server or engine-core process this test run started, whatever became of its parent.
 

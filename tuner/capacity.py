@@ -194,25 +194,31 @@ class LoadPolicy:
         data = {"probe_seconds": 0.0, **data}  # a study stored before probes had a least duration had none
         return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
 
-    def plan(self, bound: Boundary, *, best_factor: float | None = None, below_reference: bool = False) -> LoadPlan:
+    def plan(self, bound: Boundary, *, best_factor: float | None = None, below_reference: bool = False,
+             start_factor: float | None = None) -> LoadPlan:
         """The plan a trial runs: a fixed load, or a search that first tries `best_factor` (the best capacity so
-        far, against the reference load) and, with `below_reference`, goes on below a failing reference load."""
+        far, against the reference load) or `start_factor` (where its capacity is expected) and, with
+        `below_reference`, goes on below a failing reference load."""
         if self.mode == "fixed":
             return FixedLoad()
-        return LoadSearch(self, bound, best_factor, below_reference)
+        return LoadSearch(self, bound, best_factor, below_reference, start_factor)
 
 
 @dataclass(frozen=True)
 class LoadSearch:
     """Brackets and bisects the highest passing load of a trial, from the probes so far. The first probe is at
     the reference load; then, if a best capacity so far is known, at that load (failing there, the trial cannot
-    beat it and the search ends); then up by doubling until a probe does not pass, and geometric bisection until
-    the bracket is within the precision or the probe budget is spent."""
+    beat it and the search ends); or, given where the capacity is expected (`start_factor`), at that load and
+    then one precision step above it if it passed, below it if it failed, which settles the bracket when the
+    expectation holds; then up by doubling until a probe does not pass, and geometric bisection until the bracket
+    is within the precision or the probe budget is spent."""
 
     policy: LoadPolicy
     boundary: Boundary
     best_factor: float | None = None
     below_reference: bool = False
+    # A validation launch's start: the capacity its configuration showed in the search, against the reference load.
+    start_factor: float | None = None
 
     @property
     def warmup_requests(self) -> int:
@@ -253,6 +259,9 @@ class LoadSearch:
                 return None  # it cannot beat the best so far
             if not tried and best > lo * (1 + policy.precision):
                 return best
+        start = self._from_start(results, lo, hi)
+        if start is not None:
+            return start
         if hi is None:
             assert lo is not None
             return None if lo >= policy.max_factor else min(lo * 2, policy.max_factor)
@@ -263,9 +272,33 @@ class LoadSearch:
             # engine completes about what it can sustain.
             step = min(hi / 2, carried) if carried else hi / 2
             return max(step, hi / 16, policy.min_factor)
-        if hi <= lo * (1 + policy.precision):
+        if _within(lo, hi, policy.precision):
             return None
         return math.sqrt(lo * hi)
+
+    def _from_start(self, results: list[tuple[float, bool]], lo: float | None, hi: float | None) -> float | None:
+        """The start, if it lies inside the bracket so far; once probed, its neighbour one precision step away on
+        the side its verdict points to, if that lies inside the bracket; else None (the search goes on as usual)."""
+        start = self.start_factor
+        if start is None:
+            return None
+        policy = self.policy
+        step = 1 + policy.precision
+        verdict = next((passed for factor, passed in results if math.isclose(factor, start)), None)
+        if verdict is None:
+            candidate = start
+        else:
+            candidate = start * step if verdict else start / step
+            if any(math.isclose(factor, candidate) for factor, _ in results):
+                return None
+        inside = (lo is None or candidate > lo) and (hi is None or candidate < hi)
+        return candidate if inside and policy.min_factor <= candidate <= policy.max_factor else None
+
+
+def _within(lo: float, hi: float, precision: float) -> bool:
+    """Whether a bracket is within the precision; a hair of tolerance, as a step down by the precision and back up
+    need not land on the same float."""
+    return hi <= lo * (1 + precision) * (1 + 1e-9)
 
 
 def _carried(runs: Sequence[ProbeRun]) -> float | None:
@@ -325,7 +358,7 @@ def capacity_of(judged: Sequence[JudgedProbe], policy: LoadPolicy, reference_sca
                                      else "")
     elif best_factor is not None and hi is not None and math.isclose(hi, best_factor):
         ended = f"below the best so far (< {best_rps:.3g} req/s)" if best_rps else "below the best so far"
-    elif hi is not None and hi <= lo * (1 + policy.precision):
+    elif hi is not None and _within(lo, hi, policy.precision):
         ended = f"bracketed within {policy.precision:.0%}"
     elif hi is None and lo >= policy.max_factor:
         ended = f"passed at the highest load allowed (x{policy.max_factor:g} the reference)"

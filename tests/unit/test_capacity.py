@@ -139,6 +139,32 @@ def test_a_new_configuration_is_first_probed_at_the_best_capacity_so_far():
     assert search._next([(1.0, True), (3.0, True)], None) == 6.0
 
 
+def test_a_validation_launch_probes_its_earlier_capacity_then_the_step_beside_it():
+    search = LoadSearch(LoadPolicy(precision=0.25), LIFTED, below_reference=True, start_factor=6.0)
+    assert search._next([(1.0, True)], None) == 6.0
+    # As found before: passes there, fails one step above, and the bracket is settled in two probes.
+    assert search._next([(1.0, True), (6.0, True)], None) == pytest.approx(7.5)
+    assert search._next([(1.0, True), (6.0, True), (7.5, False)], None) is None
+    # Carries more this time: up from the step above, by doubling as usual.
+    assert search._next([(1.0, True), (6.0, True), (7.5, True)], None) == 15.0
+    # Carries less: one step below, then bisection between the reference and what failed.
+    assert search._next([(1.0, True), (6.0, False)], None) == pytest.approx(4.8)
+    assert search._next([(1.0, True), (6.0, False), (4.8, True)], None) is None
+    assert search._next([(1.0, True), (6.0, False), (4.8, False)], None) == pytest.approx(4.8 ** 0.5)
+    # Below a failing reference as well, and a step down that lands back on the same float up to rounding.
+    low = LoadSearch(LoadPolicy(precision=0.1), LIFTED, below_reference=True, start_factor=0.3)
+    assert low._next([(1.0, False)], 0.9) == 0.3
+    assert low._next([(1.0, False), (0.3, False)], 0.9) == pytest.approx(0.3 / 1.1)
+    assert low._next([(1.0, False), (0.3, False), (0.3 / 1.1, True)], 0.9) is None
+
+
+def test_a_start_outside_the_bracket_or_the_load_range_is_not_probed():
+    search = LoadSearch(LoadPolicy(max_factor=4.0), LIFTED, start_factor=8.0)
+    assert search._next([(1.0, True)], None) == 2.0  # beyond the range: the usual doubling
+    inside = LoadSearch(LoadPolicy(), LIFTED, start_factor=3.0)
+    assert inside._next([(1.0, True), (2.0, False)], None) == pytest.approx(2 ** 0.5)  # already above what failed
+
+
 def test_the_probe_budget_and_the_load_range_bound_the_search():
     search = _search(probe_budget=2, max_factor=2.0)
     runs = [_run(_records(100, 0.1, 0.5), 1.0), _run(_records(100, 0.05, 0.5), 2.0, 1)]

@@ -342,18 +342,33 @@ class StudyRunner:
         # While no configuration carries your traffic, every trial searches its whole capacity below it too
         # (unpruned: its first probe is expected to fail), to find which carries the most of it.
         trials = self.repo.trials(self.settings.name)
-        whole = baseline or _mark(trial) is not None or not self._carried_yet(trials)
+        mark = _mark(trial)
+        whole = baseline or mark is not None or not self._carried_yet(trials)
         best = (None, None) if whole else _best_capacity(trials)
+        # A validation launch starts its search where its configuration's capacity was found: most settle their
+        # bracket in two probes after the reference, instead of climbing to it again.
+        start = self._earlier_capacity(trials, mark) if mark is not None else None
         spec = TrialSpec(Path(self.settings.model), trace, config, self._trial_dir(number),
                          startup_timeout_s=self.settings.startup_timeout_s,
                          request_timeout_s=self.settings.request_timeout_s,
                          stop_rule=BoundaryWatch(self.ctx.boundary) if self.prune and not whole else None,
                          load=self.settings.load.plan(self.ctx.boundary, best_factor=best[0],
-                                                      below_reference=whole))
+                                                      below_reference=whole, start_factor=start))
         # If this driver dies, the heartbeats stop and the next driver re-runs this configuration.
         beat = _Heartbeat(self.storage, trial._trial_id, self.plan.heartbeat_interval_s)
         started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
         return _InFlight(trial, config, baseline, trace, slot, beat, started_at, best), spec
+
+    def _earlier_capacity(self, trials: list[StoredTrial], mark: ValidationMark) -> float | None:
+        """The capacity (against the reference load) that a validation arm's configuration showed in the search:
+        the trial it validates, or for vLLM's default the study's baseline trial. None where it carried none."""
+        source = mark.of_trial
+        if source is None:
+            source = min((t.number for t in self.study.get_trials(deepcopy=False)
+                          if t.user_attrs.get(BASELINE_ATTR)), default=None)
+        found = next((t for t in trials if t.trial_number == source), None)
+        capacity = found.scored.capacity if found is not None and found.scored is not None else None
+        return capacity.factor if capacity is not None else None
 
     def _carried_yet(self, trials: list[StoredTrial]) -> bool:
         """Whether some search trial carried your traffic within the boundary, or none was scored yet (the first
