@@ -152,13 +152,11 @@ def ray_temp_dir(monkeypatch):
 
 @pytest.mark.vllm
 def test_service_answers_and_log(study, ray_temp_dir):
-    from test_service import start_service, stop_service, wait_ready
+    from test_service import start_ready_service, stop_service
 
-    port = free_port()
-    service = start_service(study["root"], port, host="127.0.0.1", token=None, storage=study["url"])
+    service, port = start_ready_service(study["root"], host="127.0.0.1", token=None, storage=study["url"])
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_ready(service, url)
         answers = {path: httpx.get(f"{url}{path}", timeout=120) for path in (
             "/studies", "/studies/s", "/studies/s/best", "/studies/s/report", "/studies/s/report.html",
             "/studies/s/export", "/studies/s/export?format=csv&requests=true", "/runs", "/schedules",

@@ -56,6 +56,22 @@ def wait_ready(proc: subprocess.Popen, url: str, timeout_s: float = 180) -> None
     raise AssertionError("the service never became healthy")
 
 
+def start_ready_service(root: Path, **options) -> tuple[subprocess.Popen, int]:
+    """`start_service` on a free port, once it answers: the service and its port. A port found free can be taken
+    by another process (the other xdist worker's engines, Ray) before the service binds it; the service then says
+    so in one line, and another port is tried."""
+    for _ in range(3):
+        port = free_port()
+        proc = start_service(root, port, **options)
+        try:
+            wait_ready(proc, f"http://127.0.0.1:{port}")
+            return proc, port
+        except AssertionError:
+            if proc.poll() is None or "cannot serve on" not in (root / f"service-{port}.log").read_text():
+                raise
+    raise AssertionError("three free ports were taken before the service could bind them")
+
+
 def stop_service(proc: subprocess.Popen) -> int:
     proc.send_signal(2)
     return proc.wait(90)
@@ -64,13 +80,11 @@ def stop_service(proc: subprocess.Popen) -> int:
 @pytest.fixture(scope="module")
 def service(tmp_path_factory):
     root = tmp_path_factory.mktemp("service")
-    port = free_port()
-    proc = start_service(root, port)
+    proc, port = start_ready_service(root)
     url = f"http://127.0.0.1:{port}"
     current = {"root": root, "url": url, "proc": proc,
                "http": httpx.Client(base_url=url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=120)}
     try:
-        wait_ready(proc, url)
         yield current
     finally:
         assert stop_service(current["proc"]) == 0  # the restart test replaces it
@@ -99,6 +113,14 @@ def test_off_loopback_without_a_token_the_service_refuses_to_start(tmp_path):
     assert "refusing to serve on 0.0.0.0 without a token" in log and "Traceback" not in log
 
 
+def test_an_address_another_process_listens_on_is_refused_in_one_line(tmp_path):
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        assert start_service(tmp_path, port, host="127.0.0.1", token=None).wait(60) == 2
+    log = (tmp_path / f"service-{port}.log").read_text()
+    assert f"cannot serve on 127.0.0.1:{port}: Address already in use" in log and "Traceback" not in log
+
+
 def an_address_other_than_loopback() -> str:
     for addresses in psutil.net_if_addrs().values():
         for address in addresses:
@@ -117,11 +139,9 @@ def test_by_default_the_service_and_its_ray_answer_on_loopback_only_and_the_toke
     file_token = "file-token-9d41c7"
     token_file = tmp_path / "token"
     token_file.write_text(f"{file_token}\n")
-    port = free_port()
-    proc = start_service(tmp_path, port, host=None, token=None, token_file=token_file)
+    proc, port = start_ready_service(tmp_path, host=None, token=None, token_file=token_file)
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_ready(proc, url)
         other_address = an_address_other_than_loopback()
         with pytest.raises(httpx.ConnectError):
             httpx.get(f"http://{other_address}:{port}/healthz", timeout=5)
@@ -306,12 +326,10 @@ def test_a_schedule_fires_honours_its_window_and_outlives_a_restart_of_the_servi
     assert "stopped early: no time left in the window for another trial" in run["summary"]
     # The schedule lives in the database: a restarted service still has it, with its next time.
     assert stop_service(service["proc"]) == 0
-    port = free_port()
-    service["proc"] = start_service(service["root"], port)
+    service["proc"], port = start_ready_service(service["root"])
     service["url"] = f"http://127.0.0.1:{port}"
     service["http"] = httpx.Client(base_url=service["url"], headers={"Authorization": f"Bearer {TOKEN}"},
                                    timeout=120)
-    wait_ready(service["proc"], service["url"])
     (listed,) = service["http"].get("/schedules").json()
     assert listed["name"] == "nightly" and listed["next_run"] and listed["last_run"]["id"] >= run["id"]
     assert service["http"].delete("/schedules/nightly").json() == {"removed": "nightly"}

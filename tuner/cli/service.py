@@ -35,6 +35,16 @@ def is_loopback(host: str) -> bool:
     return bool(addresses) and all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addresses)
 
 
+def refuse_taken_address(host: str, port: int) -> None:
+    """TunerError if another process listens on `host`:`port` already."""
+    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+    try:
+        with socket.create_server((host, port), family=family):
+            pass
+    except OSError as exc:
+        raise TunerError(f"cannot serve on {host}:{port}: {exc.strerror or exc}") from None
+
+
 def serve(
     host: Annotated[str, typer.Option(help="Address to bind; anything but loopback needs a token.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=1, max=65535, help="Port.")] = 8000,
@@ -58,6 +68,7 @@ def serve(
         raise TunerError(f"refusing to serve on {host} without a token: set TUNER_API_TOKEN or give --token-file")
     plan = storage_plan(storage, artifacts)
     plan.repository()  # migrated on first use: a clear error now if the database cannot be reached
+    refuse_taken_address(host, port)  # before Ray starts: the common case in a second, not after a traceback
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
