@@ -42,7 +42,7 @@ def refuse_taken_address(host: str, port: int) -> None:
         with socket.create_server((host, port), family=family):
             pass
     except OSError as exc:
-        raise TunerError(f"cannot serve on {host}:{port}: {exc.strerror or exc}") from None
+        raise TunerError(f"cannot serve on {host}:{port}: {os.strerror(exc.errno) if exc.errno else exc}") from None
 
 
 def serve(
