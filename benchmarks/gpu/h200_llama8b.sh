@@ -8,8 +8,8 @@
 #   bash benchmarks/gpu/h200_llama8b.sh wait       # wait again for what is running
 #   bash benchmarks/gpu/h200_llama8b.sh compare    # 2026-12-02's concurrency check (eager, as then)
 # The trials and the validation run in their own session (setsid), so they go on between calls while the
-# machine stays warm; each call waits at most WAIT_S seconds (default 540), then leaves everything so far in
-# $OUT/h200-llama8b.tar.gz. TRIALS: trials the study runs (default 5, vLLM's default among them).
+# machine stays warm; each call waits at most WAIT_S seconds (default 300, the most a machine taken back loses),
+# then leaves everything so far in $OUT/h200-llama8b.tar.gz. TRIALS: trials the study runs (default 5, vLLM's default among them).
 # A machine can be taken back mid-run (seen on 2026-12-05): put the last tarball that came back into .gpu-state/
 # and carry that folder too; a fresh machine of the same GPU model then goes on with the study where it stopped
 # (a trial cut off is re-run). The study is named for the GPU model, so an H100 and an H200 never share one.
@@ -45,7 +45,7 @@ trap pack EXIT
 # In the background, in its own session: outlives this call while the machine stays warm.
 detach() { setsid nohup "$@" < /dev/null & echo $! > "$home/running.pid"; }
 wait_running() {
-  local deadline=$((SECONDS + ${WAIT_S:-540})) pid
+  local deadline=$((SECONDS + ${WAIT_S:-300})) pid
   pid=$(cat "$home/running.pid" 2>/dev/null) || return 0
   while kill -0 "$pid" 2>/dev/null && ((SECONDS < deadline)); do sleep 5; done
   if kill -0 "$pid" 2>/dev/null; then echo "still running"; else echo "finished"; fi
