@@ -9,7 +9,8 @@
 #   bash benchmarks/gpu/h200_llama8b.sh compare    # 2026-12-02's concurrency check (eager, as then)
 # The trials and the validation run in their own session (setsid), so they go on between calls while the
 # machine stays warm; each call waits at most WAIT_S seconds (default 300, the most a machine taken back loses),
-# then leaves everything so far in $OUT/h200-llama8b.tar.gz. TRIALS: trials the study runs (default 5, vLLM's default among them).
+# then leaves everything so far in $OUT/h200-llama8b.tar.gz. TRIALS: trials the study runs (default 5, vLLM's
+# default among them).
 # A machine can be taken back mid-run (seen on 2026-12-05): put the last tarball that came back into .gpu-state/
 # and carry that folder too; a fresh machine of the same GPU model then goes on with the study where it stopped
 # (a trial cut off is re-run). The study is named for the GPU model, so an H100 and an H200 never share one.
