@@ -47,12 +47,13 @@ def bind_engines_to_this_workers_core() -> None:
     workers start on one core. Side by side on this machine, 8-request trials started in 29-38 s each pinned against
     43-54 s each left to vLLM (three rounds, 2026-12-05; the pinned engines' replays were slower under heavy load,
     see BENCHMARKS.md section 6). A binding the user gave stays."""
+    from tuner.workers.launch import cpu_binding
+
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
-    cores = sorted(os.sched_getaffinity(0))
-    if not worker.startswith("gw") or len(cores) < 2 or "VLLM_CPU_OMP_THREADS_BIND" in os.environ:
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if not worker.startswith("gw") or len(os.sched_getaffinity(0)) < 2 or "VLLM_CPU_OMP_THREADS_BIND" in os.environ:
         return
-    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = str(cores[int(worker[2:]) % len(cores)])
-    os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
+    os.environ.update(cpu_binding((int(worker[2:]) % workers, workers)))
 
 
 bind_engines_to_this_workers_core()

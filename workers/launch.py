@@ -77,7 +77,7 @@ class RunningEngine:
 
     def log_text(self) -> str:
         """The server's log so far; empty if it has not been written yet."""
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        return read_log(self.log_path)
 
     def failure(self) -> EngineFailure:
         """Why a server that was serving stopped (call once `alive()` is False). The guard is given the time it
@@ -96,6 +96,21 @@ class RunningEngine:
         return time.monotonic() - started
 
     __hash__ = object.__hash__
+
+
+def read_log(path: Path) -> str:
+    """A server's log as written so far; empty if it has not been written yet."""
+    return path.read_text(errors="replace") if path.exists() else ""
+
+
+def cpu_binding(share: tuple[int, int]) -> dict[str, str]:
+    """The environment that pins an engine to the k-th of n equal shares of this machine's cores (`share` = (k, n)),
+    so that engines side by side on one machine do not fight for one core."""
+    k, n = share
+    cores = sorted(os.sched_getaffinity(0))
+    per = max(1, len(cores) // n)
+    mine = cores[k * per:(k + 1) * per] or cores[-1:]
+    return {"VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, mine)), "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
 
 
 # Engines launched by this process and not yet stopped: stopped at interpreter exit whatever happened.

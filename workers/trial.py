@@ -16,7 +16,7 @@ from tuner.models import inspect_model
 from tuner.traces.records import Trace
 from tuner.workers.compile_cache import compile_cache_state
 from tuner.workers.engine_config import EngineConfig
-from tuner.workers.launch import EngineLaunchError, start_engine
+from tuner.workers.launch import EngineLaunchError, read_log, start_engine
 from tuner.workers.failures import EngineFailure
 from tuner.workers.measure import Measurement, TrialTimings
 from tuner.workers.probes import FixedLoad, LoadPlan, Probe, ProbeRun, run_probes
@@ -140,7 +140,7 @@ def run_trial(spec: TrialSpec, *, on_request_done: Callable[[RequestRecord], Non
         engine = start_engine(spec.model, spec.config, log_path, startup_timeout_s=spec.startup_timeout_s,
                               extra_args=list(spec.extra_args), env=spec.env)
     except EngineLaunchError as exc:
-        timings = TrialTimings(exc.startup_s, 0.0, 0.0, compile_cache_state(_log_text(log_path)))
+        timings = TrialTimings(exc.startup_s, 0.0, 0.0, compile_cache_state(read_log(log_path)))
         record = TrialRecord(**base, timings=timings, measurement=None,
                              failure=exc.failure)
         return _finish(spec, TrialOutcome(record, launched_at=exc.launched_at))
@@ -161,15 +161,11 @@ def run_trial(spec: TrialSpec, *, on_request_done: Callable[[RequestRecord], Non
         teardown_s = engine.stop()
     probes = [run.probe for run in runs]
     first = probes[0] if probes else None
-    timings = TrialTimings(engine.startup_s, replay_s, teardown_s, compile_cache_state(_log_text(log_path)))
+    timings = TrialTimings(engine.startup_s, replay_s, teardown_s, compile_cache_state(read_log(log_path)))
     record = TrialRecord(**base, argv=engine.argv, timings=timings,
                          measurement=first.measurement if first else None, failure=failure,
                          stop_reason=first.stop_reason if first else None, probes=probes)
     return _finish(spec, TrialOutcome(record, runs, engine.launched_at))
-
-
-def _log_text(path: Path) -> str:
-    return path.read_text(errors="replace") if path.exists() else ""
 
 
 def _finish(spec: TrialSpec, outcome: TrialOutcome) -> TrialOutcome:

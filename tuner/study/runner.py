@@ -287,12 +287,16 @@ class StudyRunner:
         judged = validations(self.repo.trials(self.settings.name), *validation_terms(self.settings))
         return next(v for v in judged if v.run == run), report
 
+    def _baselines(self) -> set[int]:
+        """The numbers of the study's trials of vLLM's default configuration queued as its baseline."""
+        return {t.number for t in self.study.get_trials(deepcopy=False) if t.user_attrs.get(BASELINE_ATTR)}
+
     def _finalists(self, trials: list[StoredTrial], top: int) -> list[int]:
         """The trial numbers of the `top` candidate search trials (`candidates`: feasible, or when none is, those
         that carried some load) by capacity (at a fixed load, completed throughput), one per configuration, none
         of them vLLM's default."""
         default = self.ctx.space.baseline()
-        baselines = {t.number for t in self.study.get_trials(deepcopy=False) if t.user_attrs.get(BASELINE_ATTR)}
+        baselines = self._baselines()
         seen: list[EngineConfig] = [default]
         finalists = []
         for t in sorted((t for t in candidates(trials) if t.trial_number not in baselines),
@@ -362,10 +366,7 @@ class StudyRunner:
     def _earlier_capacity(self, trials: list[StoredTrial], mark: ValidationMark) -> float | None:
         """The capacity (against the reference load) that a validation arm's configuration showed in the search:
         the trial it validates, or for vLLM's default the study's baseline trial. None where it carried none."""
-        source = mark.of_trial
-        if source is None:
-            source = min((t.number for t in self.study.get_trials(deepcopy=False)
-                          if t.user_attrs.get(BASELINE_ATTR)), default=None)
+        source = mark.of_trial if mark.of_trial is not None else min(self._baselines(), default=None)
         found = next((t for t in trials if t.trial_number == source), None)
         capacity = found.scored.capacity if found is not None and found.scored is not None else None
         return capacity.factor if capacity is not None else None
