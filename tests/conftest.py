@@ -40,23 +40,10 @@ RUN_MARK = "TUNER_TEST_RUN"
 os.environ[RUN_MARK] = uuid.uuid4().hex
 
 
-def bind_engines_to_this_workers_core() -> None:
-    """Give the engines of each xdist worker their own core, as two vLLM CPU servers on one machine are deployed
-    (and as tuner's own CPU slots are: workers/pool.py). Left to vLLM's automatic binding, every engine puts its
-    worker on the first core and keeps the second for its front end, so two engines started at once by the two
-    workers start on one core. Side by side on this machine, 8-request trials started in 29-38 s each pinned against
-    43-54 s each left to vLLM (three rounds, 2026-12-05; the pinned engines' replays were slower under heavy load,
-    see BENCHMARKS.md section 6). A binding the user gave stays."""
-    from tuner.workers.launch import cpu_binding
-
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
-    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    if not worker.startswith("gw") or len(os.sched_getaffinity(0)) < 2 or "VLLM_CPU_OMP_THREADS_BIND" in os.environ:
-        return
-    os.environ.update(cpu_binding((int(worker[2:]) % workers, workers)))
-
-
-bind_engines_to_this_workers_core()
+# The tests' engines are left to vLLM's own CPU binding (each engine's worker on the first core, the second kept for
+# the front ends and the replay clients). Pinned one engine to each core, two engines started 15 s sooner, but
+# their front ends then fought both workers for a core: under load, vLLM answered /metrics once in 23 s, and a
+# replay's stop came 7 s late (BENCHMARKS.md section 6), so verdicts depended on what the other worker ran.
 
 
 def vllm_processes() -> list[psutil.Process]:

@@ -28,8 +28,13 @@ ENGINE = ["--set", "max_model_len=1024", "--set", "enforce_eager=true", "--set",
           "--set", "max_num_seqs=8"]
 # Short probes (the latency limits are lifted, so no percentile needs many requests), a coarse bracket, and room
 # to go down to a 200th of the reference load.
-SEARCH = ["--probe-requests", "32", "--probe-seconds", "5", "--probe-budget", "5", "--precision", "0.25",
-          "--load-range", "0.005:4", *NO_LATENCY_LIMIT_ARGS]
+SEARCH = ["--probe-requests", "32", "--probe-seconds", "5", "--precision", "0.25", "--load-range", "0.005:4",
+          *NO_LATENCY_LIMIT_ARGS]
+# Five probes settle both trials' brackets on an idle machine (four for a large KV budget, five for the tight one).
+# The study's tight trial runs at vLLM's default of 128 sequences on 12 blocks, so that two long requests that meet
+# preempt each other: on a crowded CI machine it failed all five loads it had, the last an eighth or less of what its
+# reference probe carried. Three more probes, unused where five suffice, go down to a 64th of it.
+TRIAL_BUDGET, STUDY_BUDGET = ["--probe-budget", "5"], ["--probe-budget", "8"]
 # 12 blocks of 128 tokens: one long request and a short one at a time. 96: eight at once, whatever their length.
 KV_BLOCKS = {"tight": 12, "large": 96}
 
@@ -40,7 +45,8 @@ def searched(tiny_model, tmp_path_factory) -> dict[str, dict]:
     for name, blocks in KV_BLOCKS.items():
         out = tmp_path_factory.mktemp(f"capacity-{name}")
         result = run_tuner("trial", "run", "--model", str(tiny_model), *SELECTION, *ENGINE,
-                           "--set", f"num_gpu_blocks_override={blocks}", *SEARCH, "--out", str(out), "--json")
+                           "--set", f"num_gpu_blocks_override={blocks}", *SEARCH, *TRIAL_BUDGET, "--out", str(out),
+                           "--json")
         runs[name] = {**json.loads(result.stdout), "out": out}
     return runs
 
@@ -104,7 +110,7 @@ def test_a_study_on_traffic_no_configuration_carries_recommends_the_one_that_car
                                                                                         "high": 96}}))
     common = ["--storage", f"sqlite:///{tmp_path / 'tuner.db'}", "--artifacts", str(tmp_path / "artifacts")]
     run_tuner("study", "create", "short", "--model", str(tiny_model), "--space", str(tmp_path / "space.yaml"),
-              *SELECTION, *SEARCH, *common)
+              *SELECTION, *SEARCH, *STUDY_BUDGET, *common)
     run_tuner("study", "enqueue", "short", "--set", f"num_gpu_blocks_override={KV_BLOCKS['tight']}", *common)
     run = json.loads(run_tuner("study", "run", "short", "--trials", "2", "--no-validate", "--json", *common).stdout)
     default, tight = run["trials"]

@@ -195,8 +195,8 @@ def test_killed_driver_resumes_keeping_finished_trials_and_rerunning_the_interru
 
 def test_a_hopeless_trial_is_pruned_with_its_reason_but_never_the_baseline(tiny_model, tmp_path):
     # p95 e2e within 10 ms cannot be met by any request of 60-odd output tokens on any machine: two requests in
-    # flight for 10 ms put the p95 of 16 over it whatever happens next, so the trial is stopped a moment after its
-    # second request is sent (4.3 s), with most of the rest (due until 11.2 s) not yet sent.
+    # flight for 10 ms put the p95 of 16 over it whatever happens next, so the trial is stopped once its second
+    # request is sent (4.3 s) and the replay's watcher next looks.
     storage = f"sqlite:///{tmp_path / 'tuner.db'}"
     common = ["--storage", storage, "--artifacts", str(tmp_path / "artifacts")]
     tuner("study", "create", "strict", "--model", str(tiny_model), "--trace", str(AZURE_CONV),
@@ -209,7 +209,14 @@ def test_a_hopeless_trial_is_pruned_with_its_reason_but_never_the_baseline(tiny_
     stored = {t.trial_number: t for t in Repository(storage).trials("strict")}
     assert stored[0].measurement.outcomes == {"ok": STRICT_REQUESTS}
     assert stored[1].state == "pruned" and stored[1].prune_reason == summary["reason"]
+    # Stopped before its end: the requests in flight were cancelled, and none was sent after the stop. How many were
+    # due by then depends on how soon this machine's event loop saw the second request over the limit (4.3 s when
+    # idle; a crowded CI machine saw it after the last was due, at 11.2 s): that requests not yet due are never sent
+    # is shown on a server that answers on cue (tests/unit/test_replay.py).
     outcomes = stored[1].measurement.outcomes
-    assert outcomes.get("not_sent", 0) > 0, "the 16 requests span 11 s: most must never have been sent"
+    assert outcomes.get("ok", 0) < STRICT_REQUESTS and set(outcomes) <= {"ok", "stopped", "not_sent"}, outcomes
+    records = sorted(Repository(storage).requests("strict", 1), key=lambda r: r.scheduled_s)
+    sent = [r.sent_s is not None for r in records]
+    assert sent == sorted(sent, reverse=True), "a request was sent after one due before it was held back"
     frozen = optuna.load_study(study_name="strict", storage=storage).trials[1]
     assert frozen.state is optuna.trial.TrialState.PRUNED and frozen.user_attrs["prune_reason"] == summary["reason"]
