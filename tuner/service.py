@@ -433,13 +433,11 @@ def host_service(config: ServiceConfig, host: str, port: int, stop: threading.Ev
     try:
         serve.start(http_options={"host": host, "port": port})
         serve.run(_service_deployment().bind(config), name=APP_NAME, route_prefix="/", blocking=False)
-    except RuntimeError as exc:  # Serve's proxy raises it, wrapped in a Ray task error, for a taken address
+    except BaseException as exc:
         ray.shutdown()
-        if "Failed to bind to address" in str(exc):  # taken after `tuner serve` checked it
+        # Serve's proxy raises a RuntimeError (in a Ray task error) for an address taken after `tuner serve` checked it
+        if isinstance(exc, RuntimeError) and "Failed to bind to address" in str(exc):
             raise TunerError(f"cannot serve on {host}:{port}: Address already in use") from None
-        raise
-    except BaseException:
-        ray.shutdown()
         raise
     on_ready()
     try:

@@ -103,16 +103,6 @@ def read_log(path: Path) -> str:
     return path.read_text(errors="replace") if path.exists() else ""
 
 
-def cpu_binding(share: tuple[int, int]) -> dict[str, str]:
-    """The environment that pins an engine to the k-th of n equal shares of this machine's cores (`share` = (k, n)),
-    so that engines side by side on one machine do not fight for one core."""
-    k, n = share
-    cores = sorted(os.sched_getaffinity(0))
-    per = max(1, len(cores) // n)
-    mine = cores[k * per:(k + 1) * per] or cores[-1:]
-    return {"VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, mine)), "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
-
-
 # Engines launched by this process and not yet stopped: stopped at interpreter exit whatever happened.
 _LIVE: set[RunningEngine] = set()
 

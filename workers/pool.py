@@ -27,7 +27,6 @@ from ray.exceptions import RayActorError, RayError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from tuner.errors import TunerError
-from tuner.workers.launch import cpu_binding
 from tuner.workers.trial import ARTIFACTS, TrialOutcome, TrialSpec, run_trial
 
 WorkerLost = RayActorError  # what ray.get raises when the actor (or its node) died mid-trial
@@ -79,13 +78,22 @@ def _take_leftovers(out_dir: Path) -> dict[str, bytes]:
     return _take_files(_staging_dir(out_dir))
 
 
+def _cpu_binding(share: tuple[int, int]) -> dict[str, str]:
+    """Pin each CPU slot's engine to its own cores, so that two engines on one machine do not fight for one."""
+    k, n = share
+    cores = sorted(os.sched_getaffinity(0))
+    per = max(1, len(cores) // n)
+    mine = cores[k * per:(k + 1) * per] or cores[-1:]
+    return {"VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, mine)), "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
+
+
 class TrialWorker:
     """The Ray actor of one slot. Its methods run on the actor's main thread, which the engine's
     parent-death signal is tied to: if the actor dies, so does its engine."""
 
     def __init__(self, slot: Slot, driver_node: str):
         self.slot = slot
-        self.env = cpu_binding(slot.cpu_share) if slot.cpu_share and slot.cpu_share[1] > 1 else {}
+        self.env = _cpu_binding(slot.cpu_share) if slot.cpu_share and slot.cpu_share[1] > 1 else {}
         self.on_driver_node = self.node_id() == driver_node
 
     def node_id(self) -> str:
