@@ -28,10 +28,11 @@ from tuner.workers.replay import Outcome, ReplayResult, RequestRecord
 TINY_ENGINE = {"enforce_eager": True, "max_model_len": 1024, "kv_cache_memory_bytes": 268435456}
 
 
-def tiny_space(name: str, parameters: dict[str, dict[str, Any]], description: str | None = None) -> str:
-    """A search space's YAML for the tiny model: TINY_ENGINE fixed, `parameters` searched."""
+def tiny_space(name: str, parameters: dict[str, dict[str, Any]], description: str | None = None,
+               fixed: dict[str, Any] | None = None) -> str:
+    """A search space's YAML for the tiny model: TINY_ENGINE and `fixed` fixed, `parameters` searched."""
     head = {"name": name} | ({"description": description} if description else {})
-    return yaml.safe_dump({**head, "fixed": TINY_ENGINE, "parameters": parameters}, sort_keys=False)
+    return yaml.safe_dump({**head, "fixed": TINY_ENGINE | (fixed or {}), "parameters": parameters}, sort_keys=False)
 
 
 def azure_slice(requests: int) -> list[str]:
