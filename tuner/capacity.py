@@ -6,8 +6,9 @@ highest load that passes (`LoadSearch`), and the probes of a trial are summed up
 
 A probe passes when the boundary holds *and* the engine kept up with the arrivals: a load that grows a queue a
 longer run would never drain fails even when its percentiles look fine. A percentile decision within noise (the
-95% interval of the share of requests meeting a limit holds the boundary's 0.95) is inconclusive; the search
-treats it as the bracket's upper edge and says so.
+95% interval of the share of requests meeting a limit holds the boundary's 0.95) is inconclusive, and so is a
+probe whose arrivals ended before its early requests were served (it cannot show the pace); the search treats an
+inconclusive probe as the bracket's upper edge and says so.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from enum import StrEnum
 from typing import Any
 
 from tuner.errors import TunerError
-from tuner.scoring import Boundary, Capacity, score
+from tuner.scoring import Boundary, Capacity, pace_undecided, pace_violations, score
 from tuner.workers.probes import FixedLoad, LoadPlan, Probe, ProbeRun
 from tuner.workers.replay import RequestRecord
 
@@ -33,7 +34,7 @@ class Verdict(StrEnum):
 
     PASS = "pass"  # within the boundary, and kept up
     FAIL = "fail"
-    INCONCLUSIVE = "inconclusive"  # a percentile within noise of its limit: the bracket's edge
+    INCONCLUSIVE = "inconclusive"  # a percentile within noise of its limit, or a pace not shown: the bracket's edge
 
 
 @dataclass(frozen=True)
@@ -85,9 +86,9 @@ def judge_probe(probe: Probe, records: Sequence[RequestRecord], bound: Boundary)
         return ProbeJudgement(Verdict.FAIL, ["no request finished"])
     verdicts: list[Verdict] = []
     reasons: list[str] = []
-    # Scored with the percentile limits lifted, so that every violation left is one of the others.
-    others = score(m, bound.with_limits({name: None for name in PERCENTILE_LIMITS}), m.pace.window_s if m.pace else 0.0,
-                   judge_pace=True)
+    # Scored with the percentile limits lifted, so that every violation left is one of the others; the pace apart,
+    # since a pace the probe could not show is inconclusive here, not a failure.
+    others = score(m, bound.with_limits({name: None for name in PERCENTILE_LIMITS}), m.pace.window_s if m.pace else 0.0)
     for name, figure in PERCENTILE_LIMITS.items():
         limit = getattr(bound, name)
         if limit is None:
@@ -97,11 +98,14 @@ def judge_probe(probe: Probe, records: Sequence[RequestRecord], bound: Boundary)
         verdicts.append(verdict)
         if reason:
             reasons.append(reason)
-    for violation in others.violations:  # completion, makespan, pace: no percentile to be within noise of
+    for violation in others.violations + pace_violations(m.pace):  # completion, makespan, pace: no noise to be within
         verdicts.append(Verdict.FAIL)
         reasons.append(violation)
     if Verdict.FAIL in verdicts:
         return ProbeJudgement(Verdict.FAIL, reasons)
+    if (undecided := pace_undecided(m.pace)) is not None:
+        verdicts.append(Verdict.INCONCLUSIVE)
+        reasons.append(undecided)
     if Verdict.INCONCLUSIVE in verdicts:
         return ProbeJudgement(Verdict.INCONCLUSIVE, reasons)
     return ProbeJudgement(Verdict.PASS, [])

@@ -218,6 +218,17 @@ def pace_violations(pace: Pace | None) -> list[str]:
     return reasons
 
 
+def pace_undecided(pace: Pace | None) -> str | None:
+    """Why a replay that broke no pace rule still cannot show that the engine kept up, or None: its arrivals ended
+    before its early requests were served. Those requests' latency is the yardstick of both rules, and an engine
+    overloaded from the first second queues them too, so that it hides the queue it should measure (a tight KV
+    budget passed three times what it carries so, on a crowded machine: a 5.3 s window, early p90 23.4 s)."""
+    if pace is None or pace.window_s <= 0 or pace.lag_s <= pace.window_s:
+        return None
+    return (f"too short to tell whether the engine kept up: the arrivals lasted {pace.window_s:.1f} s, less than the "
+            f"early requests' p90 latency ({pace.lag_s:.2f} s); longer probes (--probe-seconds) tell")
+
+
 def score(measurement: Measurement, bound: Boundary, trace_span_s: float, capacity: Capacity | None = None, *,
           judge_pace: bool = False) -> Score:
     """Score a trial that served (measurement.e2e_s.p95 is set: at least one request finished) by its measurement
@@ -243,8 +254,9 @@ def score(measurement: Measurement, bound: Boundary, trace_span_s: float, capaci
     constraints["completion_ratio"] = bound.min_completion_ratio - ratio
     if ratio < bound.min_completion_ratio:
         violations.append(f"completion ratio {ratio:.3f} is under the limit {bound.min_completion_ratio:.3f}")
-    if judge_pace:
-        behind = pace_violations(measurement.pace)
+    if judge_pace:  # a pace the replay could not show is no pace kept: not within the boundary either
+        undecided = pace_undecided(measurement.pace)
+        behind = pace_violations(measurement.pace) or ([undecided] if undecided else [])
         constraints["kept_up"] = 1.0 if behind else -1.0
         violations.extend(behind)
     return Score(measurement.completed_rps, measurement.e2e_s.p95, measurement.output_tps, ratio,

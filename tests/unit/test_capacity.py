@@ -12,7 +12,8 @@ from tuner.capacity import (DECISIVE_REQUESTS, JudgedProbe, LoadPolicy, LoadSear
                             wilson_interval)
 from tuner.errors import TunerError
 from tuner.paths import bundled_trace
-from tuner.scoring import STEADY_SHORTFALL_MIN, STEADY_SHORTFALL_SHARE, STEADY_TREND, boundary
+from tuner.scoring import (STEADY_SHORTFALL_MIN, STEADY_SHORTFALL_SHARE, STEADY_TREND, boundary, pace_undecided,
+                            pace_violations, score)
 from tuner.storage import StudySettings
 from tuner.traces.records import Trace, TraceRequest
 from tuner.traces.transforms import repeat
@@ -82,6 +83,27 @@ def test_a_percentile_within_noise_of_its_limit_is_inconclusive_and_far_over_it_
     assert "within noise" in judgement.reasons[0]
     far = _run(_records(100, 0.1, [2.0 if i % 5 == 0 else 0.5 for i in range(100)]))
     assert judge_probe(far.probe, far.records, bound).verdict is Verdict.FAIL
+
+
+def test_arrivals_that_end_before_the_early_requests_are_served_cannot_show_the_pace():
+    # An engine overloaded from the first second, as a tight KV budget was on a crowded machine (5.3 s of arrivals,
+    # the early requests' p90 latency 23.4 s): every request waits about as long as those before it, so neither
+    # pace rule sees a queue that grows, and the probe passed three times what that engine carries.
+    run = _run(_records(144, 0.037, [20.0 + 0.02 * i for i in range(144)]))
+    pace = run.probe.measurement.pace
+    assert not pace_violations(pace) and pace.lag_s > pace.window_s
+    judgement = judge_probe(run.probe, run.records, LIFTED)
+    assert judgement.verdict is Verdict.INCONCLUSIVE
+    assert judgement.reasons == [pace_undecided(pace)]
+    assert judgement.reasons[0].startswith("too short to tell whether the engine kept up: the arrivals lasted 5.3 s")
+    # At the reference load the search goes on below it, and the trial is not within the boundary at your traffic.
+    assert _search().next_factor([run]) < 1.0
+    scored = score(run.probe.measurement, LIFTED, pace.window_s, judge_pace=True)
+    assert not scored.feasible and scored.violations == judgement.reasons
+    # The same arrivals served in 2 s each show the pace: the probe passes, the trial is feasible.
+    quick = _run(_records(144, 0.037, 2.0))
+    assert judge_probe(quick.probe, quick.records, LIFTED).verdict is Verdict.PASS
+    assert score(quick.probe.measurement, LIFTED, pace.window_s, judge_pace=True).feasible
 
 
 def test_wilson_interval_needs_about_75_requests_all_within_a_limit_to_pass_a_p95():
