@@ -128,10 +128,11 @@ def test_two_drivers_on_one_study_share_the_work_without_duplicates(tiny_model, 
 def stopped(tiny_model, tmp_path_factory) -> dict:
     """Study `stopped`: a `tuner study run --parallel 2` interrupted by SIGINT once both of its engines (the
     baseline's and QUEUED's) are up, then the next run, on two CPU slots, re-running both at once."""
-    # The 12 requests at half their recorded rate span about 19 s: the first trial is still replaying when the
-    # second engine is up (at a high rate a replay lasts 3 s, less than the spread of two engines' startups).
+    # The 12 requests at a fifth of their recorded rate span about 48 s: the first trial is still replaying when
+    # the second engine is up. At a high rate a replay lasts 3 s, and at half the rate 19 s: with one core kept
+    # busy the two engines, started together, came up 29 s apart, and the first trial had ended (2026-12-05).
     tmp_path = tmp_path_factory.mktemp("stopped")
-    plan = _study(tiny_model, tmp_path, "stopped", rate_scale=0.5)
+    plan = _study(tiny_model, tmp_path, "stopped", rate_scale=0.2)
     enqueue_config("stopped", plan, QUEUED)
     common = ["--storage", plan.url, "--artifacts", str(plan.artifact_dir)]
     proc = subprocess.Popen([sys.executable, "-m", "tuner", "study", "run", "stopped", "--no-validate", "--trials", "2",
