@@ -222,7 +222,7 @@ def pace_undecided(pace: Pace | None) -> str | None:
     """Why a replay that broke no pace rule still cannot show that the engine kept up, or None: its arrivals ended
     before its early requests were served. Those requests' latency is the yardstick of both rules, and an engine
     overloaded from the first second queues them too, so that it hides the queue it should measure (a tight KV
-    budget passed three times what it carries so, on a crowded machine: a 5.3 s window, early p90 23.4 s)."""
+    budget passed five times what it carries so, on a crowded machine: a 5.3 s window, early p90 23.4 s)."""
     if pace is None or pace.window_s <= 0 or pace.lag_s <= pace.window_s:
         return None
     return (f"too short to tell whether the engine kept up: the arrivals lasted {pace.window_s:.1f} s, less than the "

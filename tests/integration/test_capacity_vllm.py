@@ -24,8 +24,9 @@ pytestmark = pytest.mark.vllm
 # reference probe's 32 requests arrived within 1.2 s, less than one request takes, a fast machine passed the
 # tight KV budget at it (the burst ended before a queue could show that it grows).
 SELECTION = ["--max-requests", "16", "--rate-scale", "20", "--fit", "clip"]
+SEQUENCES = 8  # at a time, in the trials and in the study alike
 ENGINE = ["--set", "max_model_len=1024", "--set", "enforce_eager=true", "--set", "kv_cache_memory_bytes=268435456",
-          "--set", "max_num_seqs=8"]
+          "--set", f"max_num_seqs={SEQUENCES}"]
 # Short probes (the latency limits are lifted, so no percentile needs many requests), a coarse bracket, and room
 # to go down to a 200th of the reference load.
 SEARCH = ["--probe-requests", "32", "--probe-seconds", "5", "--precision", "0.25", "--load-range", "0.005:4",
@@ -105,11 +106,12 @@ def test_a_study_on_traffic_no_configuration_carries_recommends_the_one_that_car
     # The same traffic, far beyond the machine: vLLM's default (a large KV budget) and then the tight one both
     # break the boundary at it. The second still searches below your traffic (not pruned, not cut short), and
     # `best` names the configuration that carries the most, saying that none carries it all.
-    # max_num_seqs stays at the trials' 8, so that vLLM's default here is the large KV budget above. At vLLM's own
-    # default of 128 sequences, on an engine free to use both cores, a fast CI machine carried the reference load.
+    # max_num_seqs stays at the trials' SEQUENCES, so that vLLM's default here is the large KV budget above. At
+    # vLLM's own default of 128 sequences, on an engine free to use both cores, a fast CI machine carried the
+    # reference load.
     (tmp_path / "space.yaml").write_text(tiny_space("kv", {"num_gpu_blocks_override": {"type": "int", "low": 12,
                                                                                         "high": 96}},
-                                                    fixed={"max_num_seqs": 8}))
+                                                    fixed={"max_num_seqs": SEQUENCES}))
     common = ["--storage", f"sqlite:///{tmp_path / 'tuner.db'}", "--artifacts", str(tmp_path / "artifacts")]
     run_tuner("study", "create", "short", "--model", str(tiny_model), "--space", str(tmp_path / "space.yaml"),
               *SELECTION, *SEARCH, *STUDY_BUDGET, *common)

@@ -88,7 +88,7 @@ def test_a_percentile_within_noise_of_its_limit_is_inconclusive_and_far_over_it_
 def test_arrivals_that_end_before_the_early_requests_are_served_cannot_show_the_pace():
     # An engine overloaded from the first second, as a tight KV budget was on a crowded machine (5.3 s of arrivals,
     # the early requests' p90 latency 23.4 s): every request waits about as long as those before it, so neither
-    # pace rule sees a queue that grows, and the probe passed three times what that engine carries.
+    # pace rule sees a queue that grows, and the probe passed five times what that engine carries.
     run = _run(_records(144, 0.037, [20.0 + 0.02 * i for i in range(144)]))
     pace = run.probe.measurement.pace
     assert not pace_violations(pace) and pace.lag_s > pace.window_s
