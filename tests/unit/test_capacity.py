@@ -3,7 +3,9 @@ capacities summed up, the trace repeated for a probe, and the policy's bad value
 
 from __future__ import annotations
 
+import csv
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -22,6 +24,7 @@ from tuner.workers.probes import FixedLoad, Probe, ProbeRun, probe_trace
 from tuner.workers.replay import Outcome, ReplayResult, RequestRecord
 
 LIFTED = boundary("interactive", {"ttft_p95_s": None, "e2e_p95_s": None})
+DATA = Path(__file__).parents[1] / "data"
 
 
 def _records(n: int, gap_s: float, e2e_s: float | list[float], ttft_s: float = 0.05) -> list[RequestRecord]:
@@ -104,6 +107,41 @@ def test_arrivals_that_end_before_the_early_requests_are_served_cannot_show_the_
     quick = _run(_records(144, 0.037, 2.0))
     assert judge_probe(quick.probe, quick.records, LIFTED).verdict is Verdict.PASS
     assert score(quick.probe.measurement, LIFTED, pace.window_s, judge_pace=True).feasible
+
+
+def _h100_probe(number: int) -> ProbeRun:
+    """A probe of vLLM's default (Llama-3.1-8B, dummy weights) on an H100, as recorded on 2026-12-05: probe 0 at the
+    reference load (12.5 req/s), probe 1 at twice it (600 requests at 25 req/s)."""
+    with (DATA / "h100-default-probes.csv").open() as f:
+        rows = [row for row in csv.DictReader(f) if int(row["probe"]) == number]
+    records = [RequestRecord(i, float(r["scheduled_s"]), float(r["sent_s"]), int(r["output_tokens"]),
+                             int(r["input_tokens"]), int(r["output_tokens"]), Outcome.OK, ttft_s=float(r["ttft_s"]),
+                             e2e_s=float(r["e2e_s"])) for i, r in enumerate(rows)]
+    return _run(records, factor=2.0 ** number, index=number)
+
+
+def test_early_requests_slow_for_half_the_window_cannot_show_the_pace_when_many_later_ones_are_late():
+    # vLLM's default on an H100 passed 25 req/s of the Azure trace in a 24 s probe: the early requests' p90 latency
+    # was 16.8 s, so 149 of the 423 later requests finishing after it, with the median latency up x1.25, broke
+    # neither pace rule. That engine never completed more than 22 req/s, and a longer replay at 32 req/s fell
+    # behind (p95 TTFT 11.7 s, 263 waiting): 25 req/s was no capacity.
+    run = _h100_probe(1)
+    pace = run.probe.measurement.pace
+    assert (pace.window_s, pace.lag_s) == (pytest.approx(24.05, abs=0.01), pytest.approx(16.78, abs=0.01))
+    assert (pace.steady_arrivals, pace.steady_completed) == (423, 274) and pace.e2e_trend < STEADY_TREND
+    assert not pace_violations(pace) and pace.lag_s < pace.window_s
+    judgement = judge_probe(run.probe, run.records, boundary("interactive"))
+    assert judgement.verdict is Verdict.INCONCLUSIVE and judgement.reasons == [pace_undecided(pace)]
+    assert judgement.reasons[0].startswith("too short to tell whether the engine kept up: the early requests' p90 "
+                                           "latency (16.78 s) was more than half of the 24.0 s")
+    # The search takes it as the bracket's upper edge: the capacity is looked for between the two loads.
+    reference = _h100_probe(0)
+    assert judge_probe(reference.probe, reference.records, boundary("interactive")).verdict is Verdict.PASS
+    assert 1.0 < _search(precision=0.1).next_factor([reference, run]) < 2.0
+    # Early requests that took half the window but left few later ones late still show a pace kept.
+    steady = _run(_records(240, 0.1, 13.0))
+    assert steady.probe.measurement.pace.lag_s > 0.5 * steady.probe.measurement.pace.window_s
+    assert judge_probe(steady.probe, steady.records, LIFTED).verdict is Verdict.PASS
 
 
 def test_wilson_interval_needs_about_75_requests_all_within_a_limit_to_pass_a_p95():
