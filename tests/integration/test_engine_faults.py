@@ -56,6 +56,7 @@ STUDY_SPACE = tiny_space("engine-faults", {"max_num_seqs": {"type": "int", "low"
                          description="the tiny model, every proposal launchable, so that each trial's engine can be "
                                      "killed")
 SERVER_MODULE = ["-m", "vllm.entrypoints.openai.api_server"]
+ENGINE_CORE_PID = re.compile(r"\(EngineCore pid=(\d+)\)")
 SERVED = "POST /v1/completions"  # the server's access log line for each request it begins to answer
 
 
@@ -110,11 +111,21 @@ class EngineKiller(threading.Thread):
             assert server.is_running() and not self.finished.is_set(), f"server {server.pid} never replayed"
             time.sleep(0.1)
         time.sleep(delay)
-        victim = server if target == "api_server" else next(
-            child for child in server.children() if child.name() == "VLLM::EngineCore")
+        victim = server if target == "api_server" else self._engine_core(server, log.read_text(errors="replace"))
         served = log.read_text(errors="replace").count(SERVED)
         victim.send_signal(signal.SIGKILL)
         self.kills.append(Kill(server.pid, target, delay, served))
+
+
+    @staticmethod
+    def _engine_core(server: psutil.Process, log_text: str) -> psutil.Process:
+        """The engine core of `server`, by the pid its own log lines carry: its process name, cut to 15 characters
+        by the kernel, was not found among the server's children once on a crowded machine."""
+        pids = {int(pid) for pid in ENGINE_CORE_PID.findall(log_text)}
+        assert len(pids) == 1, f"server {server.pid} logged engine cores {pids}"
+        core = psutil.Process(pids.pop())
+        assert core.ppid() == server.pid, f"engine core {core.pid} is not a child of server {server.pid}"
+        return core
 
 
 def _wait_no_vllm(timeout_s: float = 30.0) -> list[psutil.Process]:
