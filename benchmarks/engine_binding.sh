@@ -1,23 +1,37 @@
 #!/usr/bin/env bash
-# Two CPU engines started at once, as the test suite's two xdist workers start them: left to vLLM's automatic
-# binding (both workers on core 0) against one core each (VLLM_CPU_OMP_THREADS_BIND). Each is a `tuner trial run`
-# of REQUESTS requests (default 8) arriving at once; ROUNDS rounds (default 3), the order alternated. Prints each
-# run's startup, replay and teardown seconds.   usage: benchmarks/engine_binding.sh OUT_DIR
+# Two CPU engines started at once, as the test suite's two xdist workers start them, under each way of placing
+# them named in VARIANTS (default "pinned auto"):
+#   auto    vLLM's automatic binding: both workers on core 0, core 1 left to the front ends;
+#   pinned  one core each (VLLM_CPU_OMP_THREADS_BIND=0 and =1);
+#   nobind  no binding at all, one OpenMP thread each (VLLM_CPU_OMP_THREADS_BIND=nobind, OMP_NUM_THREADS=1): the
+#           kernel places every process of both engines.
+# Each engine is a `tuner trial run` of REQUESTS requests (default 8) arriving at once; ROUNDS rounds (default 3),
+# the variants' order rotated each round. Prints each run's startup, replay and teardown seconds.
+#   usage: benchmarks/engine_binding.sh OUT_DIR
 set -euo pipefail
 out=$1 requests=${REQUESTS:-8}
+read -r -a variants <<< "${VARIANTS:-pinned auto}"
 mkdir -p "$out"
-one() { # tag, core ("" for vLLM's own binding)
-  local env=()
-  [ -n "$2" ] && env=(VLLM_CPU_OMP_THREADS_BIND="$2" VLLM_CPU_NUM_OF_RESERVED_CPU=0)
-  env "${env[@]}" TUNER_HOME="$out/home" .venv/bin/tuner trial run \
+one() { # tag, then the environment that places the engine
+  local tag=$1; shift
+  env "$@" TUNER_HOME="$out/home" .venv/bin/tuner trial run \
     --trace tuner/data/traces/azure_conv_2023_first1000.csv --max-requests "$requests" --rate-scale 100 --fit clip \
     --load fixed --limit ttft_p95_s=none --limit e2e_p95_s=none --set max_model_len=1024 --set enforce_eager=true \
-    --set kv_cache_memory_bytes=268435456 --set max_num_seqs=16 --out "$out/$1" --json > "$out/$1.json" 2> "$out/$1.err"
+    --set kv_cache_memory_bytes=268435456 --set max_num_seqs=16 --out "$out/$tag" --json > "$out/$tag.json" 2> "$out/$tag.err"
 }
-auto() { one "auto-a-$1" "" & one "auto-b-$1" "" & wait; }
-pinned() { one "pin-a-$1" 0 & one "pin-b-$1" 1 & wait; }
+pair() { # variant, round
+  case $1 in
+    auto) one "auto-a-$2" & one "auto-b-$2" & wait ;;
+    pinned) one "pin-a-$2" VLLM_CPU_OMP_THREADS_BIND=0 VLLM_CPU_NUM_OF_RESERVED_CPU=0 &
+            one "pin-b-$2" VLLM_CPU_OMP_THREADS_BIND=1 VLLM_CPU_NUM_OF_RESERVED_CPU=0 & wait ;;
+    nobind) one "nobind-a-$2" VLLM_CPU_OMP_THREADS_BIND=nobind OMP_NUM_THREADS=1 &
+            one "nobind-b-$2" VLLM_CPU_OMP_THREADS_BIND=nobind OMP_NUM_THREADS=1 & wait ;;
+    *) echo "unknown variant: $1 (auto, pinned, nobind)" >&2; exit 2 ;;
+  esac
+}
+n=${#variants[@]}
 for round in $(seq "${ROUNDS:-3}"); do
-  if ((round % 2)); then pinned "$round"; auto "$round"; else auto "$round"; pinned "$round"; fi
+  for i in $(seq 0 $((n - 1))); do pair "${variants[$(((i + round - 1) % n))]}" "$round"; done
 done
 for f in "$out"/*.json; do
   .venv/bin/python -c "import json, sys; t = json.load(open(sys.argv[1]))['timings']
