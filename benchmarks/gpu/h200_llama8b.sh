@@ -4,6 +4,7 @@
 # then validation of its best against vLLM's default. Run on the GPU machine from the repository root, after
 # the wheels were staged into /tmp/stage (../shared/gpu/README.md):
 #   bash benchmarks/gpu/h200_llama8b.sh study      # create the study, start its trials in the background, wait
+#   bash benchmarks/gpu/h200_llama8b.sh all        # the same, then the validation right after, in one background job
 #   bash benchmarks/gpu/h200_llama8b.sh validate   # start the validation in the background, wait
 #   bash benchmarks/gpu/h200_llama8b.sh wait       # wait again for what is running
 #   bash benchmarks/gpu/h200_llama8b.sh compare    # 2026-12-02's concurrency check (eager, as then)
@@ -14,6 +15,8 @@
 # A machine can be taken back mid-run (seen on 2026-12-05): put the last tarball that came back into .gpu-state/
 # and carry that folder too; a fresh machine of the same GPU model then goes on with the study where it stopped
 # (a trial cut off is re-run). The study is named for the GPU model, so an H100 and an H200 never share one.
+# A validation cut off leaves its remaining launches queued in the study: `wait` after carrying the state back does
+# not run them; `python3 -m tuner study run NAME --trials K --no-validate` (K launches left) does, in their order.
 set -euo pipefail
 phase=$1
 [ -d /tmp/site/vllm ] || bash /tmp/stage/install.sh >/dev/null
@@ -53,7 +56,7 @@ wait_running() {
   tail -n 5 "$out"/*.log 2>/dev/null || true
 }
 case $phase in
-  study)
+  study|all)
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$out/nvidia-smi.csv"
     setsid nohup nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv -l 5 \
       >> "$out/gpu-use.csv" 2>/dev/null < /dev/null &
@@ -63,8 +66,11 @@ case $phase in
       tuner study create "$name" --model "$model" --space h200-llama8b --boundary interactive \
         --max-requests 300 --rate-scale "$scale" --probe-requests 300 --probe-seconds 8 --probe-budget 5 \
         --seed 0 --startup-timeout 400 --request-timeout 300 | tee "$out/create.txt"
+    then=true
+    [ "$phase" = all ] && then="python3 -m tuner study validate $name --repeats 2 --json > $out/validate.json \
+      2> $out/validate.log"
     detach bash -c "python3 -m tuner study run $name --trials ${TRIALS:-5} --no-validate --json \
-      > $out/run-study.json 2> $out/run-study.log"
+      > $out/run-study.json 2> $out/run-study.log; $then"
     wait_running
     ;;
   validate)
