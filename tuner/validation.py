@@ -276,5 +276,13 @@ def _judge(run: int, marked: list[StoredTrial], searched: bool, resolution: floa
     repeats = max(t.validation.repeats for t in marked if t.validation is not None)
     results = tuple(ArmResult(arm, tuple(n for n, _ in launches.get(i, [])), tuple(v for _, v in launches.get(i, [])),
                               tuple(failures.get(i, []))) for i, arm in sorted(arms.items()))
-    return Validation(run, repeats, results, tuple(order),
-                      "req/s within the boundary" if searched else "completed req/s within the boundary", resolution)
+    return Validation(run, repeats, results, tuple(order), _unit(searched), resolution)
+
+
+def unstarted(run: int, repeats: int, arms: Sequence[Arm], searched: bool, resolution: float = 0.0) -> Validation:
+    """A validation stopped before its first launch (no time left for one): planned, nothing measured."""
+    return Validation(run, repeats, tuple(ArmResult(arm, (), ()) for arm in arms), (), _unit(searched), resolution)
+
+
+def _unit(searched: bool) -> str:
+    return "req/s within the boundary" if searched else "completed req/s within the boundary"

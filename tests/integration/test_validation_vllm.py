@@ -14,6 +14,7 @@ import pytest
 
 from conftest import NO_LATENCY_LIMIT_ARGS, run_tuner as tuner
 from factories import tiny_space
+from tuner.study.events import NO_TIME_LEFT
 
 pytestmark = pytest.mark.vllm
 
@@ -103,6 +104,17 @@ def test_a_study_whose_best_is_the_default_says_keep_it_with_the_defaults_comman
     said = ("vLLM's default carries at least as much as the best configuration found (trial 1: x" if gain["ratio"] <= 1
             else "vLLM's default is within noise of the best configuration found (trial 1: x")
     assert kept["run"]["validation"].startswith(said) and kept["run"]["validation"].endswith(": keep it")
+
+
+def test_a_validation_with_no_time_for_a_launch_starts_none_and_says_so(kept):
+    # No launch fits a second: none is started or left queued, and the first validation's verdict stands.
+    common = kept["common"]
+    answer = json.loads(tuner("study", "validate", "kept", "--timeout", "1", "--json", *common).stdout)
+    assert answer["trials"] == [], answer
+    assert answer["validation"] == f"not validated: the validation stopped ({NO_TIME_LEFT}); no launch was started"
+    status = json.loads(tuner("study", "status", "kept", "--json", *common).stdout)
+    assert status["trials"] == 6 and status["validation_launches"] == 4 and status["validation"].endswith(": keep it")
+    assert not status["waiting"], "nothing queued"
 
 
 def test_the_a_a_check_interval_includes_one(tiny_model, tmp_path):

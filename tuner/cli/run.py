@@ -257,7 +257,10 @@ def _run_here(settings: RunSettings, shown: RunProgress, *, against_itself: bool
             else:
                 report.trials += checked.trials  # the search's own stop (none) stays the run's
                 report.validation = (validation.sentence() if validation.complete else
-                                     f"not validated: the validation stopped ({checked.stopped_early})")
+                                     f"not validated: the validation stopped ({checked.stopped_early}); "
+                                     + (f"the launches it did not run stay queued, and the next `tuner study run "
+                                        f"{settings.name}` runs them first" if validation.order or checked.trials
+                                        else "no launch was started"))
     finally:
         for sig, handler in replaced.items():
             signal.signal(sig, handler)

@@ -41,7 +41,7 @@ from tuner.study.plan import StoragePlan
 from tuner.study.recommendation import candidates, validation_terms
 from tuner.traces.records import Trace
 from tuner.traces.selection import fit_trace
-from tuner.validation import Arm, Validation, interleaved, validations
+from tuner.validation import Arm, Validation, interleaved, unstarted, validations
 from tuner.workers.engine_config import EngineConfig
 from tuner.workers.pool import WorkerLost, WorkerPool, WorkerResult
 from tuner.workers.trial import ARTIFACTS, TrialOutcome, TrialSpec
@@ -180,16 +180,9 @@ class StudyRunner:
         (time.time()) would cut short, judged by the median time of the study's finished trials; at stop_at the
         trials still in flight are stopped."""
         report = RunReport()
-        ends = [t for t in (deadline, stop_at) if t is not None]
-        last_end = min(ends) if ends else None
-
-        def no_time_left() -> bool:
-            return last_end is not None and time.time() + (
-                _expected_trial_s(self.repo, self.settings, self.ctx.trace.span_s)) > last_end
-
         # Judged before Ray starts too: a run with no time for a trial costs no cluster, and its verdict does not
         # depend on how long a cluster takes to start.
-        if n_trials != 0 and no_time_left():
+        if n_trials != 0 and self._no_time_for_a_trial(deadline, stop_at):
             report.stopped_early = NO_TIME_LEFT
             return report
         tp = self.ctx.space.baseline().tensor_parallel_size or 1
@@ -210,7 +203,7 @@ class StudyRunner:
                         self._stop_in_flight(pool, in_flight, reason, report)
                         break
                     while free and (n_trials is None or started < n_trials) and report.stopped_early is None:
-                        if no_time_left():
+                        if self._no_time_for_a_trial(deadline, stop_at):
                             report.stopped_early = NO_TIME_LEFT
                             break
                         started += 1
@@ -276,6 +269,9 @@ class StudyRunner:
                                         f"vLLM's default to validate, nor, when none is feasible, one that carried "
                                         f"some load within the boundary: keep the default")
         run = max((t.validation.run for t in trials if t.validation is not None), default=0) + 1
+        terms = validation_terms(self.settings)
+        if self._no_time_for_a_trial(deadline, stop_at):  # nothing is queued for a validation that cannot start
+            return unstarted(run, repeats, arms, *terms), RunReport(stopped_early=NO_TIME_LEFT)
         frozen = self.study.get_trials(deepcopy=False)
         # Configurations queued before (the baseline of a study not run yet, say) are asked first: they run too.
         queued = sum(t.state is OptunaState.WAITING for t in frozen)
@@ -284,8 +280,15 @@ class StudyRunner:
             params = {} if mark.of_trial is None else dict(frozen[mark.of_trial].params)
             self.study.enqueue_trial(params, user_attrs={VALIDATION_ATTR: mark.to_dict()}, skip_if_exists=False)
         report = self.run(queued + len(marks), deadline, stop_at=stop_at)
-        judged = validations(self.repo.trials(self.settings.name), *validation_terms(self.settings))
-        return next(v for v in judged if v.run == run), report
+        judged = [v for v in validations(self.repo.trials(self.settings.name), *terms) if v.run == run]
+        return (judged[0] if judged else unstarted(run, repeats, arms, *terms)), report
+
+    def _no_time_for_a_trial(self, deadline: float | None, stop_at: float | None) -> bool:
+        """Whether a trial started now would end after the deadline or stop_at, judged by the median time of the
+        study's finished trials."""
+        ends = [t for t in (deadline, stop_at) if t is not None]
+        expected_s = _expected_trial_s(self.repo, self.settings, self.ctx.trace.span_s) if ends else 0.0
+        return bool(ends) and time.time() + expected_s > min(ends)
 
     def _baselines(self) -> set[int]:
         """The numbers of the study's trials of vLLM's default configuration queued as its baseline."""
