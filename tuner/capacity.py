@@ -7,7 +7,7 @@ highest load that passes (`LoadSearch`), and the probes of a trial are summed up
 A probe passes when the boundary holds *and* the engine kept up with the arrivals: a load that grows a queue a
 longer run would never drain fails even when its percentiles look fine. A percentile decision within noise (the
 95% interval of the share of requests meeting a limit holds the boundary's 0.95) is inconclusive, and so is a
-probe whose arrivals ended before its early requests were served (it cannot show the pace); the search treats an
+probe too short for its own latencies to show the pace (`scoring.pace_undecided`); the search treats an
 inconclusive probe as the bracket's upper edge and says so.
 """
 

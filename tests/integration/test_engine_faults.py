@@ -116,7 +116,6 @@ class EngineKiller(threading.Thread):
         victim.send_signal(signal.SIGKILL)
         self.kills.append(Kill(server.pid, target, delay, served))
 
-
     @staticmethod
     def _engine_core(server: psutil.Process, log_text: str) -> psutil.Process:
         """The engine core of `server`, by the pid its own log lines carry: its process name, cut to 15 characters
