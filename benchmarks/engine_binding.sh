@@ -4,7 +4,9 @@
 #   auto    vLLM's automatic binding: both workers on core 0, core 1 left to the front ends;
 #   pinned  one core each (VLLM_CPU_OMP_THREADS_BIND=0 and =1);
 #   nobind  no binding at all, one OpenMP thread each (VLLM_CPU_OMP_THREADS_BIND=nobind, OMP_NUM_THREADS=1): the
-#           kernel places every process of both engines.
+#           kernel places every process of both engines;
+#   inproc  vLLM's automatic binding, with the worker inside the engine core process
+#           (VLLM_ENABLE_V1_MULTIPROCESSING=0): two processes an engine, not three, as on a GPU.
 # Each engine is a `tuner trial run` of REQUESTS requests (default 8) arriving at once; ROUNDS rounds (default 3),
 # the variants' order rotated each round. Prints each run's startup, replay and teardown seconds.
 #   usage: benchmarks/engine_binding.sh OUT_DIR
@@ -26,7 +28,8 @@ pair() { # variant, round
             one "pin-b-$2" VLLM_CPU_OMP_THREADS_BIND=1 VLLM_CPU_NUM_OF_RESERVED_CPU=0 & wait ;;
     nobind) one "nobind-a-$2" VLLM_CPU_OMP_THREADS_BIND=nobind OMP_NUM_THREADS=1 &
             one "nobind-b-$2" VLLM_CPU_OMP_THREADS_BIND=nobind OMP_NUM_THREADS=1 & wait ;;
-    *) echo "unknown variant: $1 (auto, pinned, nobind)" >&2; exit 2 ;;
+    inproc) one "inproc-a-$2" VLLM_ENABLE_V1_MULTIPROCESSING=0 & one "inproc-b-$2" VLLM_ENABLE_V1_MULTIPROCESSING=0 & wait ;;
+    *) echo "unknown variant: $1 (auto, pinned, nobind, inproc)" >&2; exit 2 ;;
   esac
 }
 n=${#variants[@]}

@@ -9,7 +9,7 @@ from tuner.traces.stats import percentile
 from tuner.workers.compile_cache import CompileCache
 from tuner.workers.replay import Outcome, ReplayResult, RequestRecord
 from tuner.workers.server_metrics import (INFERENCE_TIME, PREEMPTIONS, PREFIX_HITS, PREFIX_QUERIES, QUEUE_TIME,
-                                    Histogram, TimelineSample)
+                                          READ_METRICS, Histogram, TimelineSample)
 
 
 @dataclass(frozen=True)
@@ -145,6 +145,10 @@ class Measurement:
     # above rest on. A busy server answers /metrics seldom, and a burst can end between two reads. None for a
     # measurement stored before it was counted.
     gauge_reads: int | None = None
+    # The metrics tuner reads that vLLM's last /metrics page lacked: one a vLLM release renamed would read as 0
+    # (no preemptions, an empty cache) without this. None when there was no page, or for a measurement stored
+    # before it was checked.
+    metrics_unreported: tuple[str, ...] | None = None
 
     def to_dict(self) -> dict:
         """As stored (the trial's `measurement` column and measurement.json): JSON-ready, nested records as dicts."""
@@ -158,6 +162,8 @@ class Measurement:
             values["tpot_s"] = Percentiles(**data["tpot_s"])
         if data.get("pace") is not None:
             values["pace"] = Pace(**data["pace"])
+        if data.get("metrics_unreported") is not None:
+            values["metrics_unreported"] = tuple(data["metrics_unreported"])
         return cls(**values)
 
 
@@ -223,6 +229,7 @@ def measure(result: ReplayResult) -> Measurement:
         pace=Pace.of(records),
         queue_source=queue_source,
         gauge_reads=_reads_in_flight(records, timeline),
+        metrics_unreported=None if result.metrics_after is None else result.metrics_after.unreported(READ_METRICS),
     )
 
 

@@ -20,6 +20,8 @@ INFERENCE_TIME = "vllm:request_inference_time_seconds"
 PREFIX_QUERIES = "vllm:prefix_cache_queries_total"
 PREFIX_HITS = "vllm:prefix_cache_hits_total"
 _TIMELINE_PREFIXES = (RUNNING + "{", WAITING + "{", KV_USAGE + "{")
+# Every metric a measurement reads: counters as their samples are named, histograms by their own name.
+READ_METRICS = (PREEMPTIONS, RUNNING, WAITING, KV_USAGE, QUEUE_TIME, INFERENCE_TIME, PREFIX_QUERIES, PREFIX_HITS)
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,10 @@ class MetricsSnapshot:
     def value(self, name: str) -> float:
         """The sample's value summed over label sets; 0 when the server did not report it."""
         return self.samples.get(name, 0.0)
+
+    def unreported(self, names: tuple[str, ...]) -> tuple[str, ...]:
+        """Those of `names` this read had neither as a sample nor as a histogram."""
+        return tuple(n for n in names if n not in self.samples and n not in self.histograms)
 
     def histogram(self, name: str) -> Histogram:
         """The histogram named `name` (without `_bucket`); an empty one when the server did not report it."""

@@ -50,7 +50,7 @@ def test_large_kv_budget_serves_every_request_in_full_without_preemption(tiny_mo
     m = record["measurement"]
     assert record["failure"] is None
     assert m["requests"] == REQUESTS and m["completed"] == REQUESTS and m["outcomes"] == {"ok": REQUESTS}
-    assert m["preemptions"] == 0 and m["metrics_available"]
+    assert m["preemptions"] == 0 and m["metrics_available"] and m["metrics_unreported"] == []
     assert m["actual_output_tokens"] == m["requested_output_tokens"] > 0
     assert m["ttft_s"]["p95"] > 0 and m["e2e_s"]["p95"] >= m["ttft_s"]["p95"]
     assert record["hardware"]["accelerator"] == "cpu" and record["vllm_version"] == "0.32.0"
@@ -83,9 +83,9 @@ def test_large_kv_budget_serves_every_request_in_full_without_preemption(tiny_mo
 
 
 def test_small_kv_budget_preempts_the_same_trace(tiny_model, tmp_path):
-    # 24 blocks of 128 tokens: room for about three of these requests at once, eight arrive together (their
-    # prompts alone let five in).
-    config = EngineConfig(**BASE, num_gpu_blocks_override=24)
+    # 12 blocks of 128 tokens: room for one and a half of these requests; eight arrive together, and any two
+    # admitted together outgrow the cache however a crowded machine spaces their arrival at the engine.
+    config = EngineConfig(**BASE, num_gpu_blocks_override=12)
     outcome = run_trial(TrialSpec(tiny_model, _trace(), config, tmp_path))
     m = outcome.record.measurement
     assert outcome.record.failure is None
@@ -94,8 +94,14 @@ def test_small_kv_budget_preempts_the_same_trace(tiny_model, tmp_path):
     # Preempted requests are recomputed, not dropped: every user still gets every token.
     assert m.completed == REQUESTS
     assert all(r.output_tokens == r.requested_tokens for r in outcome.requests)
-    assert m.kv_usage_peak > 0.5
-    assert m.waiting_peak > 0
+    # The peaks are the sampled timeline's. Whether a read catches the cache full is the machine's speed: with
+    # one core kept busy vLLM answered /metrics three times in 11 s, each as a request finished, nothing running
+    # (2026-12-05). That vLLM reports the gauges at all is certain: none of those tuner reads was missing.
+    assert m.metrics_unreported == ()
+    with open(tmp_path / "timeline.csv") as f:
+        timeline = list(csv.DictReader(f))
+    assert m.kv_usage_peak == max(float(r["kv_usage"]) for r in timeline) <= 1
+    assert m.waiting_peak == max(float(r["waiting"]) for r in timeline)
 
 
 def test_max_model_len_beyond_kv_budget_is_kv_insufficient_with_estimate(tiny_model, tmp_path):

@@ -8,7 +8,8 @@ import pytest
 from tuner.traces.stats import percentile
 from tuner.workers.measure import Measurement, measure
 from tuner.workers.replay import Outcome, ReplayResult, RequestRecord
-from tuner.workers.server_metrics import PREEMPTIONS, QUEUE_TIME, RUNNING, Histogram, parse_metrics
+from tuner.workers.server_metrics import (INFERENCE_TIME, KV_USAGE, PREEMPTIONS, PREFIX_HITS, PREFIX_QUERIES,
+                                         QUEUE_TIME, RUNNING, WAITING, Histogram, parse_metrics)
 
 PAGE = """\
 # HELP vllm:num_preemptions_total Cumulative number of preemption from the engine.
@@ -87,3 +88,13 @@ def test_a_measurement_stored_before_the_queue_source_reads_back_with_none():
     stored = measure(_replay([None] * 4)).to_dict()
     del stored["queue_source"]
     assert Measurement.from_dict(stored).queue_source is None
+
+
+def test_the_metrics_vllm_did_not_report_are_named_not_read_as_zero():
+    # PAGE has the preemption counter, the running gauge and the queue histogram, not the others tuner reads.
+    m = measure(_replay([None] * 2))
+    assert m.metrics_unreported == (WAITING, KV_USAGE, INFERENCE_TIME, PREFIX_QUERIES, PREFIX_HITS)
+    assert m.kv_usage_peak == 0.0  # what the missing gauge reads as, hence the name beside it
+    assert Measurement.from_dict(m.to_dict()).metrics_unreported == m.metrics_unreported  # stored as a list
+    # No page at all (the server was gone): nothing to check, not "all missing".
+    assert measure(ReplayResult(_replay([None]).records, 2.0, None, None)).metrics_unreported is None

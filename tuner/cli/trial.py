@@ -56,6 +56,9 @@ def _trial_table(record) -> Table:
         table.add_row("running peak / mean", f"{m.running_peak:g} / {m.running_mean:.1f}")
         table.add_row("waiting peak / mean", f"{m.waiting_peak:g} / {m.waiting_mean:.1f}")
         table.add_row("KV usage peak", f"{m.kv_usage_peak:.1%}")
+        if m.metrics_unreported:
+            table.add_row(Text("not reported by vLLM", style="red"),
+                          f"{', '.join(m.metrics_unreported)}: read as 0 above")
         table.add_row("output tokens requested / actual", f"{m.requested_output_tokens} / {m.actual_output_tokens}")
         table.add_row("send lateness p99 ms", fmt((m.send_lateness_s.p99 or 0) * 1000, 2))
     table.add_row("server log", Text(record.log_path))
