@@ -502,3 +502,23 @@ def test_trial_table_says_where_its_queue_figures_come_from(source, shown):
     console.print(_trial_table(record))
     [line] = [line for line in console.export_text().splitlines() if "queue p50 / p95 s" in line]
     assert line.split("queue p50 / p95 s", 1)[1].strip(" │") == shown
+
+
+@pytest.mark.parametrize("unreported, shown", [
+    (("vllm:kv_cache_usage_perc",), "vllm:kv_cache_usage_perc: read as 0 above"),
+    ((), None),  # vLLM reported every metric tuner reads
+    (None, None),  # not checked: no page, or stored before the check
+])
+def test_trial_table_names_the_metrics_vllm_did_not_report(unreported, shown):
+    from rich.console import Console
+
+    from tuner.cli.trial import _trial_table
+    from factories import request_records, trial_record
+
+    record = replace(trial_record(request_records(3), died=False),
+                     trace=TrialTrace("azure_conv_2023.csv", "azure", "ab" * 32, 3, 0.5, []),
+                     measurement=measurement(metrics_unreported=unreported))
+    console = Console(width=200, record=True)
+    console.print(_trial_table(record))
+    lines = [line for line in console.export_text().splitlines() if "not reported by vLLM" in line]
+    assert [line.split("not reported by vLLM", 1)[1].strip(" │") for line in lines] == ([shown] if shown else [])
