@@ -202,7 +202,8 @@ def report_data(with_timelines: bool = True) -> ReportData:
     base_m = measurement()
     pressured_m = measurement(preemptions=31, preemptions_per_100=193.75, queue_s_mean=0.9, completed_rps=1.7,
                               e2e_s=Percentiles(1.2, 3.3, 3.5), kv_usage_peak=1.0, waiting_peak=12.0)
-    slow_m = measurement(completed_rps=1.2, e2e_s=Percentiles(30, 70.0, 75.0))
+    slow_m = measurement(completed_rps=1.2, e2e_s=Percentiles(30, 70.0, 75.0),
+                         metrics_unreported=("vllm:kv_cache_usage_perc",))
     pruned_m = measurement(completed=3, failed=13, outcomes={"ok": 3, "not_sent": 13})
     trials = (
         stored(0, "complete", {}, base_m, score=scored(base_m)),
@@ -241,6 +242,8 @@ def test_trial_rows_carry_failure_classes_and_roles():
     assert rows[2].failure_class == "kv_insufficient" and rows[2].why.startswith("the KV cache (512")
     assert rows[1].why.startswith("rejected before launch") and rows[1].state == "infeasible"
     assert rows[4].feasible is False and rows[4].why.startswith("outside the boundary")
+    assert rows[4].why.endswith("; vLLM did not report vllm:kv_cache_usage_perc: read as 0")
+    assert rows[0].why == "" and rows[3].why == ""  # every metric reported (or not checked), within the boundary
     assert rows[5].why == "pruned: p95 cannot meet it" and rows[5].feasible is None
 
 

@@ -48,9 +48,11 @@ def _why(t: StoredTrial) -> str:
     if t.failure_class:
         message = (t.failure_message or "").strip().splitlines()
         return message[0][:200] if message else ""
-    if violations:
-        return "outside the boundary: " + "; ".join(violations)
-    return ""
+    reasons = ["outside the boundary: " + "; ".join(violations)] if violations else []
+    unreported = t.measurement.metrics_unreported if t.measurement else None
+    if unreported:  # what a renamed metric reads as, said beside the figures it hides in
+        reasons.append(f"vLLM did not report {', '.join(unreported)}: read as 0")
+    return "; ".join(reasons)
 
 
 def common_settings(data: ReportData) -> dict[str, Any]:
