@@ -151,8 +151,10 @@ class Measurement:
     metrics_unreported: tuple[str, ...] | None = None
 
     def to_dict(self) -> dict:
-        """As stored (the trial's `measurement` column and measurement.json): JSON-ready, nested records as dicts."""
-        return asdict(self)
+        """As stored (the trial's `measurement` column and measurement.json): JSON-ready, nested records as dicts,
+        the unreported metrics as a list, as JSON reads them back."""
+        unreported = None if self.metrics_unreported is None else list(self.metrics_unreported)
+        return {**asdict(self), "metrics_unreported": unreported}
 
     @classmethod
     def from_dict(cls, data: dict) -> Measurement:

@@ -3,6 +3,8 @@ figures from the requests' own times where the server reported them, else from t
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tuner.traces.stats import percentile
@@ -95,6 +97,8 @@ def test_the_metrics_vllm_did_not_report_are_named_not_read_as_zero():
     m = measure(_replay([None] * 2))
     assert m.metrics_unreported == (WAITING, KV_USAGE, INFERENCE_TIME, PREFIX_QUERIES, PREFIX_HITS)
     assert m.kv_usage_peak == 0.0  # what the missing gauge reads as, hence the name beside it
-    assert Measurement.from_dict(m.to_dict()).metrics_unreported == m.metrics_unreported  # stored as a list
+    # Stored as JSON: as the trial's files and its database row read back, the same.
+    assert m.to_dict() == json.loads(json.dumps(m.to_dict()))
+    assert Measurement.from_dict(m.to_dict()) == m
     # No page at all (the server was gone): nothing to check, not "all missing".
     assert measure(ReplayResult(_replay([None]).records, 2.0, None, None)).metrics_unreported is None
