@@ -6,7 +6,8 @@
 #   nobind  no binding at all, one OpenMP thread each (VLLM_CPU_OMP_THREADS_BIND=nobind, OMP_NUM_THREADS=1): the
 #           kernel places every process of both engines;
 #   inproc  vLLM's automatic binding, with the worker inside the engine core process
-#           (VLLM_ENABLE_V1_MULTIPROCESSING=0): two processes an engine, not three, as on a GPU.
+#           (VLLM_ENABLE_V1_MULTIPROCESSING=0): two processes an engine, not three, as on a GPU;
+#   inproc1 the same, one OpenMP thread each (OMP_NUM_THREADS=1), as the tests run their engines.
 # Each engine is a `tuner trial run` of REQUESTS requests (default 8) arriving at once; ROUNDS rounds (default 3),
 # the variants' order rotated each round. Prints each run's startup, replay and teardown seconds.
 #   usage: benchmarks/engine_binding.sh OUT_DIR
@@ -29,7 +30,9 @@ pair() { # variant, round
     nobind) one "nobind-a-$2" VLLM_CPU_OMP_THREADS_BIND=nobind OMP_NUM_THREADS=1 &
             one "nobind-b-$2" VLLM_CPU_OMP_THREADS_BIND=nobind OMP_NUM_THREADS=1 & wait ;;
     inproc) one "inproc-a-$2" VLLM_ENABLE_V1_MULTIPROCESSING=0 & one "inproc-b-$2" VLLM_ENABLE_V1_MULTIPROCESSING=0 & wait ;;
-    *) echo "unknown variant: $1 (auto, pinned, nobind, inproc)" >&2; exit 2 ;;
+    inproc1) one "inproc1-a-$2" VLLM_ENABLE_V1_MULTIPROCESSING=0 OMP_NUM_THREADS=1 &
+             one "inproc1-b-$2" VLLM_ENABLE_V1_MULTIPROCESSING=0 OMP_NUM_THREADS=1 & wait ;;
+    *) echo "unknown variant: $1 (auto, pinned, nobind, inproc, inproc1)" >&2; exit 2 ;;
   esac
 }
 n=${#variants[@]}

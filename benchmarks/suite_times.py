@@ -27,7 +27,8 @@ def times_per_file(junit_xml: Path) -> tuple[dict[str, float], dict[str, int]]:
 
 
 def _minutes(s: float) -> str:
-    return f"{int(s // 60)}:{s % 60:04.1f}"
+    tenths = round(s * 10)  # rounded once, so that 179.96 s reads 3:00.0, not 2:60.0
+    return f"{tenths // 600}:{tenths % 600 / 10:04.1f}"
 
 
 def main(argv: list[str]) -> int:

@@ -40,10 +40,13 @@ RUN_MARK = "TUNER_TEST_RUN"
 os.environ[RUN_MARK] = uuid.uuid4().hex
 
 
-# The tests' engines are left to vLLM's own CPU binding (each engine's worker on the first core, the second kept for
-# the front ends and the replay clients). Pinned one engine to each core, two engines started 15 s sooner, but
-# their front ends then fought both workers for a core: under load, vLLM answered /metrics once in 23 s, and a
-# replay's stop came 7 s late (BENCHMARKS.md section 6), so verdicts depended on what the other worker ran.
+# Each test engine runs its worker inside the engine-core process, as a one-GPU engine does: vLLM's CPU platform
+# otherwise starts a third process, importing torch and vLLM once more, and engine startup is most of this suite's
+# time. One OpenMP thread each: two such engines at once, each left at two threads on two cores, decoded twelve
+# times slower (BENCHMARKS.md section 6). Pinned one engine to each core before, their front ends fought both
+# workers for a core and verdicts depended on what the other worker ran.
+os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+os.environ["OMP_NUM_THREADS"] = "1"
 
 
 def vllm_processes() -> list[psutil.Process]:
