@@ -29,9 +29,9 @@ SPACE = tiny_space("report-study", {
 KV_INSUFFICIENT = EngineConfig(max_num_seqs=8, max_num_batched_tokens=1024, num_gpu_blocks_override=4)
 PRESSURED = EngineConfig(max_num_seqs=16, max_num_batched_tokens=1024, num_gpu_blocks_override=12)
 # Eight requests arriving together (prompts of 350 to 630 tokens, answers filling each to about 1,024 tokens).
-# 12 blocks hold one such sequence and a half, so any two admitted together outgrow them. 24 blocks (three
-# sequences) did not preempt once on CI's crowded machine: its front end passed the requests to the engine a
-# few at a time.
+# 12 blocks hold one such sequence and a half, so any two admitted together outgrow them. With 24 blocks (three
+# sequences), one CI run on a crowded machine saw no preemption at all: its front end passed the requests to the
+# engine a few at a time.
 REQUESTS = 8
 SLICE = ["--trace", str(AZURE_CONV), *azure_slice(REQUESTS)]
 
