@@ -22,16 +22,18 @@ one() { # tag, then the environment that places the engine
     --load fixed --limit ttft_p95_s=none --limit e2e_p95_s=none --set max_model_len=1024 --set enforce_eager=true \
     --set kv_cache_memory_bytes=268435456 --set max_num_seqs=16 --out "$out/$tag" --json > "$out/$tag.json" 2> "$out/$tag.err"
 }
+both() { # tag, round, then the environment both engines share
+  local tag=$1 round=$2; shift 2
+  one "$tag-a-$round" "$@" & one "$tag-b-$round" "$@" & wait
+}
 pair() { # variant, round
   case $1 in
-    auto) one "auto-a-$2" & one "auto-b-$2" & wait ;;
+    auto) both auto "$2" ;;
     pinned) one "pin-a-$2" VLLM_CPU_OMP_THREADS_BIND=0 VLLM_CPU_NUM_OF_RESERVED_CPU=0 &
             one "pin-b-$2" VLLM_CPU_OMP_THREADS_BIND=1 VLLM_CPU_NUM_OF_RESERVED_CPU=0 & wait ;;
-    nobind) one "nobind-a-$2" VLLM_CPU_OMP_THREADS_BIND=nobind OMP_NUM_THREADS=1 &
-            one "nobind-b-$2" VLLM_CPU_OMP_THREADS_BIND=nobind OMP_NUM_THREADS=1 & wait ;;
-    inproc) one "inproc-a-$2" VLLM_ENABLE_V1_MULTIPROCESSING=0 & one "inproc-b-$2" VLLM_ENABLE_V1_MULTIPROCESSING=0 & wait ;;
-    inproc1) one "inproc1-a-$2" VLLM_ENABLE_V1_MULTIPROCESSING=0 OMP_NUM_THREADS=1 &
-             one "inproc1-b-$2" VLLM_ENABLE_V1_MULTIPROCESSING=0 OMP_NUM_THREADS=1 & wait ;;
+    nobind) both nobind "$2" VLLM_CPU_OMP_THREADS_BIND=nobind OMP_NUM_THREADS=1 ;;
+    inproc) both inproc "$2" VLLM_ENABLE_V1_MULTIPROCESSING=0 ;;
+    inproc1) both inproc1 "$2" VLLM_ENABLE_V1_MULTIPROCESSING=0 OMP_NUM_THREADS=1 ;;
     *) echo "unknown variant: $1 (auto, pinned, nobind, inproc, inproc1)" >&2; exit 2 ;;
   esac
 }
