@@ -40,6 +40,7 @@ class StudyRequest(BaseModel):
     rate_scale: Optional[float] = None
     max_requests: Optional[int] = None
     fit: Optional[str] = None
+    spread: bool = Field(False, description="Spread the requests that share one recorded arrival up to the next.")
     sampler: str = "bottleneck"  # tuner.samplers.DEFAULT_SAMPLER; that module imports Optuna, this one stays light
     seed: Optional[int] = None
     request_timeout_s: float = 600.0
@@ -102,6 +103,7 @@ class TraceSelectionAnswer(Answer):
     max_requests: Optional[int]
     rate_scale: Optional[Number]
     fit: Optional[str] = Field(description="clip or scale to max_model_len")
+    spread: bool = Field(False, description="requests sharing one recorded arrival spread up to the next one")
 
 
 class ModelAnswer(Answer):
@@ -538,7 +540,7 @@ class LocalStudies:
         settings = create_study(
             request.name, model=request.model or default_model(), trace_path=trace or bundled_trace(),
             selection=TraceSelection.from_options(request.window, request.max_requests, request.rate_scale,
-                                                  request.fit),
+                                                  request.fit, request.spread),
             space=request.space, boundary_name=request.boundary, limits=parse_limits(request.limits),
             plan=self.plan, sampler=request.sampler, seed=request.seed,
             request_timeout_s=request.request_timeout_s, startup_timeout_s=request.startup_timeout_s,

@@ -304,6 +304,15 @@ def test_trace_inspect_of_a_bad_file_or_selection_exits_2_with_one_line(tmp_path
     assert_refused(tuner("trace", "inspect", str(path), *extra), expected.format(path=path))
 
 
+def test_trace_window_refuses_a_trace_without_blocks_and_a_window_too_long(tmp_path) -> None:
+    azure, mooncake = tmp_path / "azure.csv", tmp_path / "mooncake.jsonl"
+    azure.write_text(AZURE_LINES)
+    mooncake.write_text("".join(_MOONCAKE[:5]))
+    assert_refused(tuner("trace", "window", str(azure)), f"{azure}: the trace records no prefix blocks")
+    assert_refused(tuner("trace", "window", str(mooncake), "--requests", "6"),
+                   "a window of 6 requests does not fit a trace of 5")
+
+
 def test_a_line_break_in_a_path_is_shown_escaped_on_the_one_line(tmp_path) -> None:
     path = tmp_path / "two\nlines.csv"
     shown = str(path).replace("\n", "\\n")

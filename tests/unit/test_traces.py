@@ -17,8 +17,9 @@ from hypothesis import strategies as st
 from tuner.errors import TraceFormatError, TunerError
 from tuner.traces.readers import read_trace
 from tuner.traces.records import Trace, TraceRequest, Transformation
-from tuner.traces.stats import trace_stats
-from tuner.traces.transforms import cap_requests, fit_to_context, scale_rate, window
+from tuner.traces.stats import trace_stats, typical_reuse_window
+from tuner.traces.selection import TraceSelection, load_trace
+from tuner.traces.transforms import cap_requests, fit_to_context, scale_rate, spread_buckets, window
 
 from checks import assert_valid, mostly
 
@@ -413,6 +414,39 @@ def test_cap_requests_keeps_the_first_n() -> None:
         cap_requests(BASE, 0)
 
 
+BUCKETED = Trace(
+    "t.jsonl",
+    "mooncake",
+    "0" * 64,
+    tuple(TraceRequest(t, 10, 5) for t in (0.0, 0.0, 0.0, 3.0, 6.0, 6.0, 10.0, 10.0)),
+)
+
+
+def test_spread_moves_each_bucket_evenly_up_to_the_next_arrival() -> None:
+    out = spread_buckets(BUCKETED)
+    # Intervals 3, 3, 4; the last bucket takes their median, 3.
+    assert [r.arrival_s for r in out.requests] == [0.0, 1.0, 2.0, 3.0, 6.0, 8.0, 10.0, 11.5]
+    assert out.transformations == (Transformation("spread", {"last_interval_s": 3.0}, 4),)
+    assert [r.input_tokens for r in out.requests] == [10] * 8
+    # A trace without shared arrivals is left as it is; so is one of a single instant.
+    assert spread_buckets(BASE).requests == BASE.requests
+    single = spread_buckets(Trace("t", "native", "0" * 64, (TraceRequest(0.0, 1, 1),) * 3))
+    assert [r.arrival_s for r in single.requests] == [0.0, 0.0, 0.0]
+
+
+def test_spread_keeps_the_mooncake_trace_sorted_and_within_its_buckets() -> None:
+    bucketed = read_trace(TRACES / "mooncake_conversation_trace.jsonl")
+    spread = load_trace(TRACES / "mooncake_conversation_trace.jsonl", TraceSelection(spread=True, max_requests=60))
+    arrivals = [r.arrival_s for r in spread.requests]
+    assert arrivals == sorted(arrivals)
+    assert len(set(arrivals)) == 60  # no two requests in one instant
+    for a, b in zip(bucketed.requests, spread.requests):
+        assert a.arrival_s <= b.arrival_s < a.arrival_s + 3.1  # never past the next bucket (3 s apart)
+        assert (a.input_tokens, a.prefix_blocks) == (b.input_tokens, b.prefix_blocks)
+    assert [t.kind for t in spread.transformations] == ["spread", "max_requests"]
+    assert trace_stats(spread).gap_cv < trace_stats(cap_requests(bucketed, 60)).gap_cv / 3
+
+
 def test_transformations_chain_in_order() -> None:
     out = cap_requests(scale_rate(window(BASE, 1.0, 10.0), 0.5), 2)
     assert [t.kind for t in out.transformations] == ["window", "rate_scale", "max_requests"]
@@ -542,3 +576,32 @@ def test_stats_of_one_request_and_of_none() -> None:
     assert (stats.input_p50, stats.input_p99, stats.output_p95) == (7, 7, 3)
     with pytest.raises(TunerError, match="no requests"):
         trace_stats(Trace("t", "native", "", ()))
+
+
+def test_typical_reuse_window_is_the_median_window_and_its_options_replay_it() -> None:
+    # Windows of 2 requests, one per distinct first arrival (0, 1, 2, 3): blocks repeated in them 0, 1/2, 1/4, 1/4;
+    # the median is 1/4, first met by the window at 2.
+    blocks = [(1, 2), (3, 4), (3, 4), (5, 6), (5, 7), (7, 10)]
+    trace = Trace("t.jsonl", "mooncake", "0" * 64,
+                  tuple(TraceRequest(t, 10, 5, b) for t, b in zip((0.0, 1.0, 1.0, 2.0, 3.0, 3.0), blocks)))
+    found = typical_reuse_window(trace, 2)
+    assert (found.windows, found.start_s, found.share) == (4, 2.0, 0.25)
+    assert found.trace_share == pytest.approx(4 / 12)
+    assert found.share_p10 < found.share < found.share_p90
+    replayed = cap_requests(window(trace, found.start_s, math.inf), found.requests)
+    assert trace_stats(replayed).prefix_block_share == found.share
+
+
+def test_typical_reuse_window_refuses_traces_without_blocks_and_windows_too_long() -> None:
+    with pytest.raises(TunerError, match="records no prefix blocks"):
+        typical_reuse_window(BASE, 2)
+    with_blocks = Trace("t", "mooncake", "0" * 64, (TraceRequest(0.0, 1, 1, (1,)),))
+    with pytest.raises(TunerError, match="a window of 2 requests does not fit a trace of 1"):
+        typical_reuse_window(with_blocks, 2)
+
+
+def test_a_selection_keeps_its_spread_through_storage_and_reads_older_ones_without_it() -> None:
+    selection = TraceSelection(window_s=(0.0, 60.0), max_requests=8, spread=True)
+    assert TraceSelection.from_dict(json.loads(json.dumps(selection.to_dict()))) == selection
+    stored_before = {"window_s": [0.0, 60.0], "max_requests": 8, "rate_scale": None, "fit": None}
+    assert TraceSelection.from_dict(stored_before) == TraceSelection(window_s=(0.0, 60.0), max_requests=8)

@@ -59,6 +59,9 @@ WindowOption = Annotated[Optional[str], typer.Option(help="START:END seconds of 
 RateOption = Annotated[Optional[float], typer.Option(help="Multiply the arrival rate (2 = twice as fast).")]
 CapOption = Annotated[Optional[int], typer.Option(help="Keep the first N requests (after the window).")]
 FitOption = Annotated[Optional[str], typer.Option(help="clip or scale lengths to fit max_model_len.")]
+SpreadOption = Annotated[bool, typer.Option("--spread", help="Spread the requests that share one recorded arrival "
+                                                             "evenly up to the next arrival (Mooncake records "
+                                                             "arrivals in buckets of about 3 s).")]
 
 
 # --- how much load a trial probes ---------------------------------------------------------------------------
@@ -88,11 +91,11 @@ def load_policy(load: str, precision: float, probe_budget: int, load_range: str 
 
 
 def trace_selection(window: str | None, max_requests: int | None, rate_scale: float | None,
-                    fit: str | None) -> TraceSelection:
+                    fit: str | None, spread: bool = False) -> TraceSelection:
     """The selection the trace-selection options ask for (TunerError for a malformed one)."""
     from tuner.traces.selection import TraceSelection
 
-    return TraceSelection.from_options(window, max_requests, rate_scale, fit)
+    return TraceSelection.from_options(window, max_requests, rate_scale, fit, spread)
 
 
 def storage_plan(storage: str | None, artifacts: Path | None, **kwargs):

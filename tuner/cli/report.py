@@ -15,11 +15,11 @@ from rich.text import Text
 from typing import TYPE_CHECKING
 
 from tuner.cli.options import (ArtifactsOption, BoundaryOption, CapOption, EngineArgOption, FitOption, FormatOption,
-                               JsonOption, LimitOption, LoadOption, LoadRangeOption, PrecisionOption, ProbeBudgetOption,
-                               ProbeRequestsOption, ProbeSecondsOption, PromptSeedOption, RateOption,
-                               ReplayedTraceOption, RequestTimeoutOption, ServedModelOption, ServerOption,
-                               StartupTimeoutOption, StorageOption, StudyArgument, TokenFileOption, WindowOption,
-                               load_policy, study_answers, trace_selection)
+                               JsonOption, LimitOption, LoadOption, LoadRangeOption, PrecisionOption,
+                               ProbeBudgetOption, ProbeRequestsOption, ProbeSecondsOption, PromptSeedOption,
+                               RateOption, ReplayedTraceOption, RequestTimeoutOption, ServedModelOption, ServerOption,
+                               SpreadOption, StartupTimeoutOption, StorageOption, StudyArgument, TokenFileOption,
+                               WindowOption, load_policy, study_answers, trace_selection)
 from tuner.cli.present import ladder_capacity_line, print_probe_ladder, print_report_lines, report_trial_line
 from tuner.console import err, fmt, out, print_json, progress_bar
 from tuner.describe import boundary_line
@@ -146,7 +146,7 @@ def compare(
                                                           "(repeatable).")] = [],
     engine_arg: EngineArgOption = [],
     format: FormatOption = None, window: WindowOption = None, rate_scale: RateOption = None,
-    max_requests: CapOption = None, fit: FitOption = None,
+    max_requests: CapOption = None, fit: FitOption = None, spread: SpreadOption = False,
     boundary: BoundaryOption = "interactive", limit: LimitOption = [],
     load: LoadOption = "search", precision: PrecisionOption = 0.1, probe_budget: ProbeBudgetOption = 6,
     load_range: LoadRangeOption = None, probe_requests: ProbeRequestsOption = 100,
@@ -174,7 +174,7 @@ def compare(
     bound = make_boundary(boundary, parse_limits(limit))
     policy = load_policy(load, precision, probe_budget, load_range, probe_requests, probe_seconds)
     searched = policy.mode == "search"
-    selection = trace_selection(window, max_requests, rate_scale, fit)
+    selection = trace_selection(window, max_requests, rate_scale, fit, spread)
     model = model or default_model()
     trace = trace or bundled_trace()
     out_dir = out_dir or Path("runs") / datetime.now().strftime("compare-%Y%m%d-%H%M%S")

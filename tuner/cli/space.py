@@ -8,8 +8,8 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from tuner.cli.options import (CapOption, FitOption, FormatOption, ModelOption, RateOption, TraceOption, WindowOption,
-                               trace_selection)
+from tuner.cli.options import (CapOption, FitOption, FormatOption, ModelOption, RateOption, SpreadOption, TraceOption,
+                               WindowOption, trace_selection)
 from tuner.console import out, print_json
 from tuner.errors import TunerError
 
@@ -23,7 +23,7 @@ def space_suggest(
         help="One GPU's memory in GiB as nvidia-smi reports it (an H200: 140.4); default: this machine's GPU, "
              "or its RAM for the CPU build.")] = None,
     format: FormatOption = None, window: WindowOption = None, rate_scale: RateOption = None,
-    max_requests: CapOption = None, fit: FitOption = None,
+    max_requests: CapOption = None, fit: FitOption = None, spread: SpreadOption = False,
     out_file: Annotated[Optional[Path], typer.Option("--out", help="Write the space's YAML here.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON: the ranges and the space's text.")] = False,
 ) -> None:
@@ -40,7 +40,7 @@ def space_suggest(
         raise TunerError(f"--gpu-memory must be above 0 GiB, got {gpu_memory:g}")
     device = DeviceMemory.of("cuda", gpu_memory) if gpu_memory is not None else DeviceMemory.of_machine(
         detect_hardware())
-    selection = trace_selection(window, max_requests, rate_scale, fit)
+    selection = trace_selection(window, max_requests, rate_scale, fit, spread)
     loaded = load_trace(trace or bundled_trace(), selection, format=format)
     derived = derive_space(read_model_memory(model or default_model()), device, loaded, selection.fit)
     if out_file is not None:

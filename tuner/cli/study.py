@@ -11,8 +11,8 @@ from rich.table import Table
 
 from tuner.cli.options import (ArtifactsOption, JsonOption, LimitOption, LoadOption, LoadRangeOption, ModelOption,
                                PrecisionOption, ProbeBudgetOption, ProbeRequestsOption, ProbeSecondsOption,
-                               RequestTimeoutOption, ServerOption, SetOption, StartupTimeoutOption, StorageOption,
-                               StudyArgument, TokenFileOption, TraceOption, study_answers)
+                               RequestTimeoutOption, ServerOption, SetOption, SpreadOption, StartupTimeoutOption,
+                               StorageOption, StudyArgument, TokenFileOption, TraceOption, study_answers)
 from tuner.cli.present import best_so_far_line, default_line, print_recommendation
 from tuner.cli.run import study_run, study_validate
 from tuner.console import err, out, print_json
@@ -41,6 +41,7 @@ def study_create(
     rate_scale: Annotated[Optional[float], typer.Option(help="Multiply the arrival rate.")] = None,
     max_requests: Annotated[Optional[int], typer.Option(help="Keep the first N requests.")] = None,
     fit: Annotated[Optional[str], typer.Option(help="clip or scale lengths to each trial's max_model_len.")] = None,
+    spread: SpreadOption = False,
     sampler: Annotated[str, typer.Option(help="bottleneck (relieves what vLLM's figures show holds the best "
                                                "trials back, TPE otherwise), tpe, random or nsga2.")] = "bottleneck",
     seed: Annotated[Optional[int], typer.Option(help="Sampler seed.")] = None,
@@ -63,7 +64,7 @@ def study_create(
         request = StudyRequest(name=name, model=str(model) if model else None, trace=str(trace) if trace else None,
                                trace_latest=str(trace_latest) if trace_latest else None, warm_from=warm_from,
                                space=space, boundary=boundary, limits=limit, window=window, rate_scale=rate_scale,
-                               max_requests=max_requests, fit=fit, sampler=sampler, seed=seed,
+                               max_requests=max_requests, fit=fit, spread=spread, sampler=sampler, seed=seed,
                                request_timeout_s=request_timeout, startup_timeout_s=startup_timeout, load=load,
                                precision=precision, probe_budget=probe_budget, load_range=load_range,
                                probe_requests=probe_requests, probe_seconds=probe_seconds)

@@ -13,8 +13,8 @@ from rich.text import Text
 from tuner.cli.options import (BoundaryOption, CapOption, EngineArgOption, FitOption, FormatOption, LimitOption,
                                LoadOption, LoadRangeOption, PrecisionOption, ProbeBudgetOption, ProbeRequestsOption,
                                ProbeSecondsOption, PromptSeedOption, RateOption, ReplayedTraceOption,
-                               RequestTimeoutOption, ServedModelOption, SetOption, StartupTimeoutOption, WindowOption,
-                               load_policy, trace_selection)
+                               RequestTimeoutOption, ServedModelOption, SetOption, SpreadOption, StartupTimeoutOption,
+                               WindowOption, load_policy, trace_selection)
 from tuner.cli.present import print_probe_ladder
 from tuner.console import fmt, out, print_json, progress_bar
 
@@ -70,7 +70,7 @@ def trial_run(
     model: ServedModelOption = None, trace: ReplayedTraceOption = None, set_: SetOption = [],
     engine_arg: EngineArgOption = [],
     format: FormatOption = None, window: WindowOption = None, rate_scale: RateOption = None,
-    max_requests: CapOption = None, fit: FitOption = None,
+    max_requests: CapOption = None, fit: FitOption = None, spread: SpreadOption = False,
     out_dir: Annotated[Optional[Path], typer.Option("--out", help="Folder for the log and records.")] = None,
     startup_timeout: StartupTimeoutOption = 600.0, request_timeout: RequestTimeoutOption = 600.0,
     seed: PromptSeedOption = 0,
@@ -100,7 +100,7 @@ def trial_run(
     model = model or default_model()
     trace = trace or bundled_trace()
     info = inspect_model(model)
-    loaded = load_trace(trace, trace_selection(window, max_requests, rate_scale, fit),
+    loaded = load_trace(trace, trace_selection(window, max_requests, rate_scale, fit, spread),
                         config.max_model_len or info.max_position_embeddings, format)
     policy.refuse_undecidable(bound, len(loaded.requests), loaded.span_s)
     out_dir = out_dir or Path("runs") / datetime.now().strftime("trial-%Y%m%d-%H%M%S")

@@ -24,7 +24,7 @@ class TraceRequest:
 class Transformation:
     """A change applied to the trace as read, kept so that a result says what was replayed."""
 
-    # "window", "rate_scale", "max_requests", "fit_clip", "fit_scale", "drop_failed", "repeat"
+    # "spread", "window", "rate_scale", "max_requests", "fit_clip", "fit_scale", "drop_failed", "repeat"
     kind: str
     params: dict[str, Any]
     affected: int  # requests dropped or changed by this step

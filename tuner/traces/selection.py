@@ -9,7 +9,7 @@ from pathlib import Path
 from tuner.errors import TunerError
 from tuner.traces.readers import read_trace
 from tuner.traces.records import Trace
-from tuner.traces.transforms import FIT_MODES, cap_requests, fit_to_context, scale_rate, window
+from tuner.traces.transforms import FIT_MODES, cap_requests, fit_to_context, scale_rate, spread_buckets, window
 
 
 @dataclass(frozen=True)
@@ -20,6 +20,7 @@ class TraceSelection:
     max_requests: int | None = None
     rate_scale: float | None = None  # 2.0 = twice the recorded rate
     fit: str | None = None  # "clip" or "scale" to max_model_len; None = replay lengths as recorded
+    spread: bool = False  # requests sharing one recorded arrival spread over the interval to the next one
 
     def __post_init__(self) -> None:
         if self.fit is not None and self.fit not in FIT_MODES:
@@ -29,10 +30,10 @@ class TraceSelection:
 
     @classmethod
     def from_options(cls, window: str | None, max_requests: int | None, rate_scale: float | None,
-                     fit: str | None) -> "TraceSelection":
+                     fit: str | None, spread: bool = False) -> "TraceSelection":
         """The selection as people type it (`--window 0:600` and so on)."""
         return cls(window_s=parse_window(window) if window else None, max_requests=max_requests,
-                   rate_scale=rate_scale, fit=fit)
+                   rate_scale=rate_scale, fit=fit, spread=spread)
 
     def to_dict(self) -> dict:
         """As stored with the study (its `trace_selection` column): JSON-ready, the window as a pair or None."""
@@ -63,8 +64,11 @@ def parse_window(text: str) -> tuple[float, float]:
 
 def load_trace(path: str | Path, selection: TraceSelection, max_model_len: int | None = None,
                format: str | None = None) -> Trace:
-    """Read a trace and apply the selection: window, then cap, then rate, then (with a max_model_len) fit."""
+    """Read a trace and apply the selection: spread (on the recorded clock, whose intervals it needs), then window,
+    cap, rate, and (with a max_model_len) fit."""
     trace = read_trace(path, format)
+    if selection.spread:
+        trace = spread_buckets(trace)
     if selection.window_s is not None:
         trace = window(trace, *selection.window_s)
     if selection.max_requests is not None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import statistics
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
@@ -27,6 +29,26 @@ def window(trace: Trace, start_s: float, end_s: float) -> Trace:
     rebased = [replace(r, arrival_s=r.arrival_s - origin) for r in kept]
     params = {"start_s": start_s, "end_s": end_s}
     return _apply(trace, rebased, "window", params, len(trace.requests) - len(kept))
+
+
+def spread_buckets(trace: Trace) -> Trace:
+    """Requests that share one recorded arrival spread evenly over the interval to the next arrival: k requests
+    at t, the next at t', arrive at t + i(t' - t)/k. Mooncake records arrivals in buckets of about 3 s, and a
+    bucket replayed as recorded sends its long prompts all in one instant. The last bucket takes the median
+    interval between buckets."""
+    times = sorted({r.arrival_s for r in trace.requests})
+    intervals = [b - a for a, b in zip(times, times[1:])]
+    last_interval = statistics.median(intervals) if intervals else 0.0
+    interval = dict(zip(times, intervals + [last_interval]))
+    sizes = Counter(r.arrival_s for r in trace.requests)
+    seen: Counter[float] = Counter()
+    spread = []
+    for request in trace.requests:
+        t = request.arrival_s
+        spread.append(replace(request, arrival_s=t + seen[t] * interval[t] / sizes[t]))
+        seen[t] += 1
+    changed = sum(a.arrival_s != b.arrival_s for a, b in zip(trace.requests, spread))
+    return _apply(trace, spread, "spread", {"last_interval_s": last_interval}, changed)
 
 
 def scale_rate(trace: Trace, factor: float) -> Trace:
