@@ -25,6 +25,7 @@ from optuna.study import Study
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner.diagnosis import Figures, Signs
+from tuner.scoring import TTFT_LIMITS
 from tuner.workers.measure import Measurement
 
 # The settings that size the KV cache, whichever of them a space searches.
@@ -51,7 +52,8 @@ class Diagnosis(Signs):
     def of(cls, trial: FrozenTrial) -> Diagnosis:
         """The diagnosis of one measured Optuna trial, from the figures in its user attributes (a figure it lacks shows
         no sign) and the sequence cap it searched (a cap it did not search counts as never reached)."""
-        ttft_over = trial.constraints.get("ttft_p95_s", 0.0) > 0 if trial.state == TrialState.COMPLETE else False
+        ttft_over = trial.state == TrialState.COMPLETE and any(trial.constraints.get(name, 0.0) > 0
+                                                               for name in TTFT_LIMITS)
         return cls.read(Figures.from_attrs(trial.user_attrs), trial.params.get("max_num_seqs"), ttft_over)
 
     def settings(self) -> tuple[str, ...]:

@@ -69,7 +69,8 @@ def _percentile_decision(name: str, values: list[float], limit: float) -> tuple[
 
 # The limits on a p95 that a probe is judged on request by request (within noise or not), with the request figure
 # each is taken from.
-PERCENTILE_LIMITS = {"ttft_p95_s": "ttft_s", "e2e_p95_s": "e2e_s", "tpot_p95_s": "itl_mean_s"}
+PERCENTILE_LIMITS = {"ttft_p95_s": "ttft_s", "e2e_p95_s": "e2e_s", "tpot_p95_s": "itl_mean_s",
+                     "ttft_per_1k_prompt_p95_s": "ttft_per_1k_prompt_s"}
 # n requests all within a limit tell a p95 from it only from here on: the lower end of the Wilson interval of n of
 # n, n / (n + z^2), reaches PERCENTILE at n = PERCENTILE z^2 / (1 - PERCENTILE), that is 73.
 DECISIVE_REQUESTS = math.ceil(PERCENTILE * WILSON_Z ** 2 / (1 - PERCENTILE))

@@ -27,8 +27,12 @@ def boundary_line(b: Boundary) -> str:
     parts = []
     if b.ttft_p95_s is not None:
         parts.append(f"p95 TTFT <= {b.ttft_p95_s:g} s")
+    if b.ttft_per_1k_prompt_p95_s is not None:
+        parts.append(f"p95 TTFT <= {b.ttft_per_1k_prompt_p95_s:g} s per 1,000 prompt tokens")
     if b.e2e_p95_s is not None:
         parts.append(f"p95 e2e <= {b.e2e_p95_s:g} s")
+    if b.tpot_p95_s is not None:
+        parts.append(f"p95 TPOT <= {b.tpot_p95_s:g} s")
     parts.append(f"completion >= {b.min_completion_ratio:.0%}")
     if b.makespan_factor is not None:
         parts.append(f"makespan <= {b.makespan_factor:g} x span + {b.makespan_grace_s:g} s")
@@ -47,7 +51,7 @@ def trial_limit(t: StoredTrial, bound: Boundary) -> LimitingResource | None:
     """What holds a stored trial back: at its edge probe after a load search, else at its one measurement; None
     when it measured nothing."""
     return limiting_resource(t.probes, t.measurement, EngineCaps.of(t.engine_config.to_dict(), t.hardware),
-                             ttft_limit_s=bound.ttft_p95_s)
+                             bound=bound)
 
 
 def throughput_line(completed_rps: float, e2e_p95_s: float, capacity_rps: float | None = None,

@@ -21,6 +21,7 @@ from typing import Any, Self
 
 from tuner.capacity import JudgedProbe, Verdict
 from tuner.hardware import HardwareInfo
+from tuner.scoring import Boundary
 from tuner.workers.measure import Measurement
 
 KV_FULL = 0.95  # KV-cache usage from which the cache counts as short even without a preemption
@@ -155,14 +156,13 @@ def _pct(x: float) -> str:
     return f"{x:.0%}"
 
 
-def diagnose(m: Measurement, caps: EngineCaps, *, ttft_limit_s: float | None = None,
+def diagnose(m: Measurement, caps: EngineCaps, *, bound: Boundary | None = None,
              capacity: Measurement | None = None) -> LimitingResource:
     """The limiting resource of one measurement. `capacity`: the measurement of the highest passing probe below
     it, after a load search (then compute is named only when throughput stopped growing from it to `m`); None at a
     fixed load (then compute is named when nothing else shows)."""
     f = Figures.of(m)
-    ttft_over = ttft_limit_s is not None and f.ttft_p95_s is not None and f.ttft_p95_s > ttft_limit_s
-    signs = Signs.read(f, caps.max_num_seqs, ttft_over)
+    signs = Signs.read(f, caps.max_num_seqs, bound is not None and bound.ttft_over(m))
     evidence: dict[str, Any] = {
         "kv_usage_peak": round(f.kv_usage_peak, 4), "preemptions": f.preemptions, "running_peak": f.running_peak,
         "waiting_peak": f.waiting_peak, "queue_p95_s": f.queue_p95_s, "ttft_p95_s": f.ttft_p95_s,
@@ -221,15 +221,15 @@ def edge_probe(judged: Sequence[JudgedProbe]) -> JudgedProbe | None:
 
 
 def limiting_resource(judged: Sequence[JudgedProbe], measurement: Measurement | None, caps: EngineCaps, *,
-                      ttft_limit_s: float | None = None) -> LimitingResource | None:
+                      bound: Boundary | None = None) -> LimitingResource | None:
     """The limiting resource of a trial: at its edge probe after a load search (`judged`), else at its one
     measurement (a fixed load). None when nothing was measured."""
     edge = edge_probe(judged)
     if edge is None or edge.probe.measurement is None:
         if measurement is None:
             return None
-        return diagnose(measurement, caps, ttft_limit_s=ttft_limit_s)
+        return diagnose(measurement, caps, bound=bound)
     passed = [j for j in judged if j.verdict is Verdict.PASS and j.probe.measurement is not None
               and j.probe.factor < edge.probe.factor]
     below = max(passed, key=lambda j: j.probe.factor).probe.measurement if passed else None
-    return diagnose(edge.probe.measurement, caps, ttft_limit_s=ttft_limit_s, capacity=below)
+    return diagnose(edge.probe.measurement, caps, bound=bound, capacity=below)

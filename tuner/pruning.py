@@ -8,10 +8,11 @@ the completion ratio instead of the percentile).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from tuner.scoring import Boundary
-from tuner.workers.replay import LiveReplay, Outcome
+from tuner.workers.replay import LiveReplay, Outcome, prompt_thousands
 
 
 _FINISHED = (Outcome.OK, Outcome.TRUNCATED)
@@ -35,6 +36,17 @@ def _quantile_certainly_over(over_final: int, over_pending: int, failed: int, to
         if over_final + over_pending - k < _needed_over(finished_at_most):
             return False
     return True
+
+
+def _ttft_allowances(b: Boundary) -> list[tuple[str, Callable[[int], float]]]:
+    """The boundary's TTFT limits, each as its text and the seconds it allows a request of so many prompt tokens."""
+    allowances: list[tuple[str, Callable[[int], float]]] = []
+    if (flat := b.ttft_p95_s) is not None:
+        allowances.append((f"{flat:g} s", lambda _tokens: flat))
+    if (per_1k := b.ttft_per_1k_prompt_p95_s) is not None:
+        allowances.append((f"{per_1k:g} s per 1,000 prompt tokens",
+                           lambda tokens: per_1k * prompt_thousands(tokens)))
+    return allowances
 
 
 @dataclass(frozen=True)
@@ -63,18 +75,16 @@ class BoundaryWatch:
             pending = sum(now - sent > limit for sent in started.values())
             if _quantile_certainly_over(over, pending, dropped, total, left):
                 return f"{over + pending} requests already took over {limit:g} s end to end: p95 cannot meet it"
-        if b.ttft_p95_s is not None:
-            limit = b.ttft_p95_s
+        for shown, allowed_s in _ttft_allowances(b):
             # The TTFT percentile is over requests that finished with a first token.
-            counted = [r.ttft_s for r in finished if r.outcome in _FINISHED and r.ttft_s is not None]
-            over = sum(ttft_s > limit for ttft_s in counted)
+            counted = [r for r in finished if r.outcome in _FINISHED and r.ttft_s is not None]
+            over = sum(r.ttft_s > allowed_s(r.input_tokens) for r in counted if r.ttft_s is not None)
             pending = sum(
-                (p.first_token is None and now - (p.sent - live.origin) > limit)
-                or (p.first_token is not None and p.first_token - p.sent > limit)
+                (p.first_token is None and now - (p.sent - live.origin) > allowed_s(p.input_tokens))
+                or (p.first_token is not None and p.first_token - p.sent > allowed_s(p.input_tokens))
                 for p in live.in_flight.values())
             if _quantile_certainly_over(over, pending, len(finished) - len(counted), total, left):
-                return (f"{over + pending} requests already waited over {limit:g} s for a first token: "
-                        "p95 cannot meet it")
+                return f"{over + pending} requests already waited over {shown} for a first token: p95 cannot meet it"
         makespan = b.makespan_limit_s(live.span_s)
         if makespan is not None and now > makespan and len(finished) < total:
             return f"the replay is past its makespan limit of {makespan:.1f} s with requests unfinished"

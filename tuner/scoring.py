@@ -32,9 +32,12 @@ class Boundary:
     makespan_grace_s: float  # ... plus this, so that a short slice is not held to an impossible pace
     # p95 over requests of their mean time per output token after the first (TPOT, inter-token latency)
     tpot_p95_s: float | None = None
+    # p95 over requests of TTFT per 1,000 prompt tokens, a prompt under 1,000 counted as 1,000: a TTFT limit that
+    # grows with the prompt, for traffic whose long prompts cannot meet a flat one
+    ttft_per_1k_prompt_p95_s: float | None = None
 
     def __post_init__(self) -> None:
-        for name in ("ttft_p95_s", "e2e_p95_s", "makespan_factor", "tpot_p95_s"):
+        for name in ("ttft_p95_s", "e2e_p95_s", "makespan_factor", "tpot_p95_s", "ttft_per_1k_prompt_p95_s"):
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise TunerError(f"boundary limit {name} must be positive, got {value}")
@@ -51,6 +54,14 @@ class Boundary:
             raise TunerError(f"unknown boundary limit {unknown[0]!r}; known: {', '.join(sorted(known))}")
         return replace(self, **limits)  # type: ignore[arg-type]  # each name was checked against the fields
 
+    def ttft_over(self, measurement: Measurement) -> bool:
+        """Whether the measurement's first tokens came later than a TTFT limit of this boundary allows: its flat
+        p95 limit, or its limit per 1,000 prompt tokens."""
+        per_1k = measurement.ttft_per_1k_prompt_s.p95 if measurement.ttft_per_1k_prompt_s else None
+        return any(value is not None and limit is not None and value > limit
+                   for value, limit in ((measurement.ttft_s.p95, self.ttft_p95_s),
+                                        (per_1k, self.ttft_per_1k_prompt_p95_s)))
+
     def makespan_limit_s(self, trace_span_s: float) -> float | None:
         """The longest a replay of a trace spanning `trace_span_s` may take, in seconds; None when the boundary sets no
         makespan limit."""
@@ -64,6 +75,9 @@ class Boundary:
         return asdict(self)
 
 
+# The boundary limits on first tokens (`Boundary.ttft_over`), as the score's constraints name them.
+TTFT_LIMITS = ("ttft_p95_s", "ttft_per_1k_prompt_p95_s")
+
 # The documented defaults; every limit can be overridden per study (`tuner study create --limit NAME=VALUE`).
 BOUNDARIES: dict[str, Boundary] = {
     # A person waits on each answer: the first token within 2 s and the whole answer within 30 s for 95% of
@@ -71,6 +85,10 @@ BOUNDARIES: dict[str, Boundary] = {
     # (`--limit tpot_p95_s=0.1` holds streaming to 10 tokens a second, faster than people read).
     "interactive": Boundary("interactive", ttft_p95_s=2.0, e2e_p95_s=30.0, min_completion_ratio=0.99,
                             makespan_factor=None, makespan_grace_s=0.0),
+    # A person waits on each answer to a long prompt (documents, long conversations): its first token may take 0.5 s
+    # per 1,000 prompt tokens (6 s for 12,000; a prompt under 1,000 tokens counts as 1,000), the whole answer 60 s.
+    "long-prompt": Boundary("long-prompt", ttft_p95_s=None, e2e_p95_s=60.0, min_completion_ratio=0.99,
+                            makespan_factor=None, makespan_grace_s=0.0, ttft_per_1k_prompt_p95_s=0.5),
     # Offline work: every request must be served and the whole trace done within twice its span (plus a
     # minute); latency only has to stay below the 10-minute request timeout.
     "batch": Boundary("batch", ttft_p95_s=None, e2e_p95_s=600.0, min_completion_ratio=1.0,
@@ -258,6 +276,8 @@ def score(measurement: Measurement, bound: Boundary, trace_span_s: float, capaci
         ("ttft_p95_s", measurement.ttft_s.p95, bound.ttft_p95_s, "s"),
         ("e2e_p95_s", measurement.e2e_s.p95, bound.e2e_p95_s, "s"),
         ("tpot_p95_s", measurement.tpot_s.p95 if measurement.tpot_s else None, bound.tpot_p95_s, "s"),
+        ("ttft_per_1k_prompt_p95_s", measurement.ttft_per_1k_prompt_s.p95 if measurement.ttft_per_1k_prompt_s else None,
+         bound.ttft_per_1k_prompt_p95_s, "s"),
         ("makespan_s", measurement.duration_s, bound.makespan_limit_s(trace_span_s), "s"),
     ]
     constraints: dict[str, float] = {}

@@ -157,6 +157,8 @@ class BoundaryAnswer(Answer):
     makespan_factor: Optional[Number]
     makespan_grace_s: Number
     tpot_p95_s: Optional[Number]
+    ttft_per_1k_prompt_p95_s: Optional[Number] = Field(None, description="p95 TTFT per 1,000 prompt tokens (a prompt "
+                                                                         "under 1,000 counts as 1,000)")
 
 
 class HardwareAnswer(Answer):

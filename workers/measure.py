@@ -149,6 +149,8 @@ class Measurement:
     # (no preemptions, an empty cache) without this. None when there was no page, or for a measurement stored
     # before it was checked.
     metrics_unreported: tuple[str, ...] | None = None
+    # TTFT per 1,000 prompt tokens (`RequestRecord.ttft_per_1k_prompt_s`); None for a measurement stored before.
+    ttft_per_1k_prompt_s: Percentiles | None = None
 
     def to_dict(self) -> dict:
         """As stored (the trial's `measurement` column and measurement.json): JSON-ready, nested records as dicts,
@@ -160,8 +162,9 @@ class Measurement:
     def from_dict(cls, data: dict) -> Measurement:
         """The measurement `to_dict` gave, its percentiles and pace records again."""
         values = {**data, **{name: Percentiles(**data[name]) for name in _PERCENTILE_FIELDS}}
-        if data.get("tpot_s") is not None:
-            values["tpot_s"] = Percentiles(**data["tpot_s"])
+        for name in ("tpot_s", "ttft_per_1k_prompt_s"):
+            if data.get(name) is not None:
+                values[name] = Percentiles(**data[name])
         if data.get("pace") is not None:
             values["pace"] = Pace(**data["pace"])
         if data.get("metrics_unreported") is not None:
@@ -228,6 +231,7 @@ def measure(result: ReplayResult) -> Measurement:
         metrics_available=preemptions is not None,
         offered_rps=_offered_rps(records),
         tpot_s=Percentiles.of([r.itl_mean_s for r in finished if r.itl_mean_s is not None]),
+        ttft_per_1k_prompt_s=Percentiles.of([t for r in finished if (t := r.ttft_per_1k_prompt_s) is not None]),
         pace=Pace.of(records),
         queue_source=queue_source,
         gauge_reads=_reads_in_flight(records, timeline),

@@ -37,6 +37,11 @@ class Outcome(str, Enum):
     NOT_SENT = "not_sent"  # the replay had ended (engine gone, or stopped) before this request's time came
     STOPPED = "stopped"  # in flight when the replay was stopped early
 
+def prompt_thousands(input_tokens: int) -> float:
+    """A prompt's length in thousands of tokens, a prompt under 1,000 counted as 1,000: what a TTFT limit per 1,000
+    prompt tokens multiplies, so that it grows with a long prompt's prefill and holds a short one to a flat limit."""
+    return max(input_tokens, 1000) / 1000
+
 
 @dataclass(frozen=True)
 class RequestRecord:
@@ -60,6 +65,11 @@ class RequestRecord:
     # The server's own figure, where it reports per-request metrics (vLLM's --enable-per-request-metrics):
     # from the request's arrival at the engine to its first scheduling.
     queue_s: float | None = None
+
+    @property
+    def ttft_per_1k_prompt_s(self) -> float | None:
+        """TTFT per 1,000 prompt tokens (`prompt_thousands`); None without a first token."""
+        return None if self.ttft_s is None else self.ttft_s / prompt_thousands(self.input_tokens)
 
     @property
     def lateness_s(self) -> float | None:
@@ -120,9 +130,11 @@ def prepare_requests(trace: Trace, vocab_size: int, model_name: str, seed: int =
 
 @dataclass
 class InFlight:
-    """A request on its way: when it went out and, once it came, its first token (perf_counter)."""
+    """A request on its way: when it went out and, once it came, its first token (perf_counter), and its prompt's
+    length (a TTFT limit may grow with it)."""
 
     sent: float
+    input_tokens: int
     first_token: float | None = None
 
 
@@ -325,7 +337,7 @@ async def replay(base_url: str, requests: list[ReplayRequest], *, timeout_s: flo
                                  Outcome.STOPPED, error=f"replay stopped: {stop_reason}")
 
         async def tracked(req: ReplayRequest) -> RequestRecord:
-            progress = live.in_flight[req.index] = InFlight(time.perf_counter())
+            progress = live.in_flight[req.index] = InFlight(time.perf_counter(), req.input_tokens)
             try:
                 record = await send_completion(clients[req.index % _CLIENT_POOLS], url, req, live.origin,
                                                timeout_s, progress)

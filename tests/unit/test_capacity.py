@@ -88,6 +88,16 @@ def test_a_percentile_within_noise_of_its_limit_is_inconclusive_and_far_over_it_
     assert judge_probe(far.probe, far.records, bound).verdict is Verdict.FAIL
 
 
+def test_a_probe_is_judged_on_ttft_per_prompt_request_by_request_under_the_long_prompt_boundary():
+    # 100 prompts of 12,000 tokens, their first tokens in 4 s (0.33 s per 1,000): a flat 2 s limit fails them all.
+    run = _run([replace(r, input_tokens=12_000) for r in _records(100, 0.1, 5.0, ttft_s=4.0)])
+    assert judge_probe(run.probe, run.records, boundary("long-prompt")).verdict is Verdict.PASS
+    assert judge_probe(run.probe, run.records, boundary("interactive", {"e2e_p95_s": None})).verdict is Verdict.FAIL
+    slow = _run([replace(r, input_tokens=12_000) for r in _records(100, 0.1, 8.0, ttft_s=7.0)])
+    judgement = judge_probe(slow.probe, slow.records, boundary("long-prompt"))
+    assert judgement.verdict is Verdict.FAIL and "ttft_per_1k_prompt_p95_s" in judgement.reasons[0]
+
+
 def test_arrivals_that_end_before_the_early_requests_are_served_cannot_show_the_pace():
     # An engine overloaded from the first second, as a tight KV budget was on a crowded machine (5.3 s of arrivals,
     # the early requests' p90 latency 23.4 s): every request waits about as long as those before it, so neither

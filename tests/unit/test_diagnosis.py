@@ -6,6 +6,7 @@ from dataclasses import replace
 
 from tuner.capacity import JudgedProbe, Verdict
 from tuner.diagnosis import EngineCaps, Limit, diagnose, edge_probe, limiting_resource
+from tuner.scoring import BOUNDARIES
 from tuner.hardware import HardwareInfo
 from tuner.workers.measure import Measurement, Percentiles, measure
 from tuner.workers.probes import Probe
@@ -34,8 +35,13 @@ def test_each_kind_is_named_with_its_figures():
     assert seqs.kind is Limit.MAX_NUM_SEQS and "cap of 16" in seqs.sentence
     budget = diagnose(_m(running_peak=5.0, waiting_peak=7.0, queue_s_p95=2.0), CAPS)
     assert budget.kind is Limit.TOKEN_BUDGET and "max_num_batched_tokens 2048" in budget.sentence
-    late = diagnose(_m(ttft_p95=3.0), CAPS, ttft_limit_s=2.0)
+    late = diagnose(_m(ttft_p95=3.0), CAPS, bound=BOUNDARIES["interactive"])
     assert late.kind is Limit.TOKEN_BUDGET  # first tokens late, nothing waiting
+    # Under the long-prompt boundary first tokens are late by their share of the prompt: 0.8 s per 1,000 tokens.
+    per_prompt = replace(_m(ttft_p95=3.0), ttft_per_1k_prompt_s=Percentiles(0.3, 0.8, 0.8))
+    assert diagnose(per_prompt, CAPS, bound=BOUNDARIES["long-prompt"]).kind is Limit.TOKEN_BUDGET
+    assert diagnose(replace(per_prompt, ttft_per_1k_prompt_s=Percentiles(0.1, 0.3, 0.3)), CAPS,
+                    bound=BOUNDARIES["long-prompt"]).kind is Limit.COMPUTE
     fixed = diagnose(_m(), CAPS)
     assert fixed.kind is Limit.COMPUTE and fixed.sentence.startswith("compute (nothing at a cap)")
     assert fixed.at_rps == 5.0 and fixed.to_dict()["kind"] == "compute"
@@ -71,11 +77,11 @@ def test_the_two_h200_cases_are_told_apart():
     assert (caps.max_num_seqs, caps.max_num_batched_tokens) == (1024, 8192)
     # Qwen2.5-32B on Mooncake: KV at 99% with 15 requests waiting.
     kv = diagnose(_m(kv_usage_peak=0.99, running_peak=40.0, waiting_peak=15.0, queue_s_p95=3.0, ttft_p95=9.5),
-                  caps, ttft_limit_s=2.0)
+                  caps, bound=BOUNDARIES["interactive"])
     assert kv.kind is Limit.KV_CACHE and "99%" in kv.sentence
     # The same with fp8 KV: KV at 59%, still 13 waiting and p95 TTFT no better: prefill, not the cache.
     fp8 = diagnose(_m(kv_usage_peak=0.59, running_peak=60.0, waiting_peak=13.0, queue_s_p95=3.0, ttft_p95=9.6),
-                   caps, ttft_limit_s=2.0)
+                   caps, bound=BOUNDARIES["interactive"])
     assert fp8.kind is Limit.TOKEN_BUDGET and "59%" in fp8.sentence and "prefill" in fp8.sentence
 
 

@@ -27,12 +27,13 @@ def _study(sampler: str = "bottleneck", seed: int | None = 0) -> optuna.Study:
 
 
 def _tell(study: optuna.Study, params: dict, rps: float, figures: dict, ttft_over: float = -1.0,
-          state: TrialState = TrialState.COMPLETE) -> None:
-    """A finished trial with these parameters, its objectives, its TTFT constraint and vLLM's figures."""
+          state: TrialState = TrialState.COMPLETE, ttft_limit: str = "ttft_p95_s") -> None:
+    """A finished trial with these parameters, its objectives, its TTFT constraint (`ttft_limit`) and vLLM's
+    figures."""
     study.add_trial(optuna.trial.create_trial(
         state=state, values=[rps, 1.0] if state == TrialState.COMPLETE else None, params=params,
         distributions={name: SPACE[name] for name in params}, user_attrs=figures,
-        constraints={"ttft_p95_s": ttft_over} if state == TrialState.COMPLETE else None))
+        constraints={ttft_limit: ttft_over} if state == TrialState.COMPLETE else None))
 
 
 def _suggest(study: optuna.Study) -> tuple[dict, str | None]:
@@ -80,6 +81,10 @@ def test_diagnosis_reads_preemptions_the_sequence_cap_and_late_first_tokens():
         _tell(study, {"max_num_seqs": 4, "gpu_memory_utilization": 0.5, "max_num_batched_tokens": 256}, 1.0,
               figures, ttft_over)
         assert Diagnosis.of(study.trials[-1]).settings() == expected, figures
+    # First tokens late against the long-prompt boundary's limit per 1,000 prompt tokens: the same sign.
+    _tell(study, {"max_num_seqs": 4, "gpu_memory_utilization": 0.5, "max_num_batched_tokens": 256}, 1.0, CALM, 0.3,
+          ttft_limit="ttft_per_1k_prompt_p95_s")
+    assert Diagnosis.of(study.trials[-1]).settings() == ("max_num_batched_tokens",)
 
 
 def test_relief_moves_the_best_trial_and_never_repeats_a_configuration():

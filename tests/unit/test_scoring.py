@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -10,7 +11,7 @@ from tuner.errors import TunerError
 from tuner.pruning import BoundaryWatch
 from tuner.traces.stats import percentile
 from tuner.scoring import BOUNDARIES, boundary, parse_limits, score
-from tuner.workers.measure import measure
+from tuner.workers.measure import Measurement, measure
 from tuner.workers.replay import InFlight, LiveReplay, Outcome, ReplayResult, RequestRecord
 
 
@@ -57,6 +58,34 @@ def test_an_optional_time_per_output_token_limit_is_off_by_default_and_checked_w
     assert held.violations == ["tpot_p95_s 0.300 s is over the limit 0.100 s"]
 
 
+def test_the_long_prompt_boundary_lets_first_tokens_take_longer_for_longer_prompts():
+    # 20 requests: prompts of 200 tokens answered in 0.4 s and of 12,000 tokens in 5 s (0.4 and 0.42 s per 1,000,
+    # the short ones counted as 1,000).
+    records = [RequestRecord(i, 0.0, 0.0, 10, 200 if i % 2 else 12_000, 10, Outcome.OK,
+                             ttft_s=0.4 if i % 2 else 5.0, e2e_s=20.0) for i in range(20)]
+    m = measure(ReplayResult(records, 10.0, None, None))
+    assert m.ttft_per_1k_prompt_s.p95 == pytest.approx(5.0 / 12)
+    long_prompt, interactive = boundary("long-prompt"), boundary("interactive")
+    assert score(m, long_prompt, 10.0).feasible and not long_prompt.ttft_over(m)
+    assert not score(m, interactive, 10.0).feasible and interactive.ttft_over(m)
+    # The short prompts held to 0.5 s: at 0.6 s each, they break it.
+    slow_short = [replace(r, ttft_s=0.6) if r.input_tokens == 200 else r for r in records]
+    held = score(measure(ReplayResult(slow_short, 10.0, None, None)), long_prompt, 10.0)
+    assert held.violations == ["ttft_per_1k_prompt_p95_s 0.600 s is over the limit 0.500 s"]
+    assert Measurement.from_dict(m.to_dict()) == m
+
+
+def test_the_watch_allows_a_long_prompt_its_longer_first_token():
+    watch = BoundaryWatch(boundary("long-prompt"))
+    long_in_flight = _live(20, [], in_flight_ages=[5.0, 5.0])
+    for p in long_in_flight.in_flight.values():
+        p.input_tokens = 12_000  # allowed 6 s
+    assert watch(long_in_flight) is None
+    short = _live(20, [], in_flight_ages=[5.0, 5.0])  # 10 tokens: allowed 0.5 s
+    assert watch(short) == "2 requests already waited over 0.5 s per 1,000 prompt tokens for a first token: " \
+                           "p95 cannot meet it"
+
+
 def test_limits_override_and_are_checked():
     b = boundary("interactive", parse_limits(["ttft_p95_s=0.5", "e2e_p95_s=none"]))
     assert b.ttft_p95_s == 0.5 and b.e2e_p95_s is None and BOUNDARIES["interactive"].ttft_p95_s == 2.0
@@ -72,7 +101,7 @@ def test_limits_override_and_are_checked():
 
 def _live(total: int, finished: list[RequestRecord], in_flight_ages: list[float] = (), now: float = 100.0):
     live = LiveReplay(origin=0.0, total=total, finished=finished)
-    live.in_flight = {1000 + i: InFlight(sent=now - age) for i, age in enumerate(in_flight_ages)}
+    live.in_flight = {1000 + i: InFlight(sent=now - age, input_tokens=10) for i, age in enumerate(in_flight_ages)}
     live.elapsed = lambda: now  # a frozen clock
     return live
 

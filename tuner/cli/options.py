@@ -42,8 +42,10 @@ EngineArgOption = Annotated[list[str], typer.Option(help="Extra vLLM flag passed
 StartupTimeoutOption = Annotated[float, typer.Option(help="Seconds to wait for a healthy server.")]
 RequestTimeoutOption = Annotated[float, typer.Option(help="Seconds one request may take.")]
 PromptSeedOption = Annotated[int, typer.Option(help="Seed of the synthetic prompts.")]
-BoundaryOption = Annotated[str, typer.Option(help="interactive or batch: the boundary each replay is judged "
-                                                  "against (in a load search, what a probe must meet to pass).")]
+BOUNDARY_HELP = ("interactive (p95 TTFT 2 s, p95 end-to-end 30 s), long-prompt (p95 TTFT 0.5 s per 1,000 prompt "
+                 "tokens, p95 end-to-end 60 s) or batch (every request served within twice the trace's span)")
+BoundaryOption = Annotated[str, typer.Option(help=f"{BOUNDARY_HELP}: the boundary each replay is judged against (in a "
+                                                  "load search, what a probe must meet to pass).")]
 LimitOption = Annotated[list[str], typer.Option(help="Override a boundary limit, NAME=VALUE or NAME=none "
                                                      "(repeatable).")]
 

@@ -9,8 +9,8 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from tuner.cli.options import (ArtifactsOption, JsonOption, LimitOption, LoadOption, LoadRangeOption, ModelOption,
-                               PrecisionOption, ProbeBudgetOption, ProbeRequestsOption, ProbeSecondsOption,
+from tuner.cli.options import (BOUNDARY_HELP, ArtifactsOption, JsonOption, LimitOption, LoadOption, LoadRangeOption,
+                               ModelOption, PrecisionOption, ProbeBudgetOption, ProbeRequestsOption, ProbeSecondsOption,
                                RequestTimeoutOption, ServerOption, SetOption, SpreadOption, StartupTimeoutOption,
                                StorageOption, StudyArgument, TokenFileOption, TraceOption, study_answers)
 from tuner.cli.present import best_so_far_line, default_line, print_recommendation
@@ -35,7 +35,7 @@ def study_create(
     space: Annotated[str, typer.Option(help="Search space: a shipped name, a YAML file, or auto (derived from the "
                                             "model, this machine and the trace: see `tuner space suggest`).")
                      ] = "cpu-small",
-    boundary: Annotated[str, typer.Option(help="interactive or batch.")] = "interactive",
+    boundary: Annotated[str, typer.Option(help=f"{BOUNDARY_HELP}.")] = "interactive",
     limit: LimitOption = [],
     window: Annotated[Optional[str], typer.Option(help="START:END seconds of the trace.")] = None,
     rate_scale: Annotated[Optional[float], typer.Option(help="Multiply the arrival rate.")] = None,

@@ -116,7 +116,7 @@ def trial_run(
     capacity = (capacity_of(judged, policy, rate_scale or 1.0)
                 if policy.mode == "search" and judged else None)
     held_by = limiting_resource(judged if capacity is not None else [], record.measurement,
-                                EngineCaps.of(config.to_dict(), record.hardware), ttft_limit_s=bound.ttft_p95_s)
+                                EngineCaps.of(config.to_dict(), record.hardware), bound=bound)
     if as_json:
         print_json({**record.to_dict(), "boundary": bound.to_dict(), "probes": [j.to_dict() for j in judged],
                     "capacity": capacity.to_dict() if capacity else None,

@@ -157,6 +157,10 @@ def _other_limits(b: Boundary) -> list[str]:
     parts = []
     if b.ttft_p95_s is not None:
         parts.append(f"p95 TTFT ≤ {b.ttft_p95_s:g} s")
+    if b.ttft_per_1k_prompt_p95_s is not None:
+        parts.append(f"p95 TTFT ≤ {b.ttft_per_1k_prompt_p95_s:g} s per 1,000 prompt tokens")
+    if b.tpot_p95_s is not None:
+        parts.append(f"p95 TPOT ≤ {b.tpot_p95_s:g} s")
     parts.append(f"completion ≥ {b.min_completion_ratio:.0%}")
     if b.makespan_factor is not None:
         parts.append(f"makespan ≤ {b.makespan_factor:g} x span + {b.makespan_grace_s:g} s")

@@ -510,7 +510,7 @@ class StudyRunner:
             for key, value in measurement_attrs(m).items():
                 trial.set_user_attr(key, value)
         held_by = limiting_resource(judged, m, EngineCaps.of(config.to_dict(), record.hardware),
-                                    ttft_limit_s=self.ctx.boundary.ttft_p95_s)
+                                    bound=self.ctx.boundary)
         if held_by is not None:  # for the dashboard: the kind, the load, the figures and a sentence
             trial.set_user_attr(LIMITING_RESOURCE_ATTR, held_by.to_dict())
         trial.set_user_attr("startup_s", record.timings.startup_s)
