@@ -15,6 +15,7 @@ from tuner.kv_budget import ModelMemory
 from tuner.models import ModelInfo
 from tuner.capacity import JudgedProbe, LoadPolicy
 from tuner.scoring import Rejection, Score
+from tuner.traces.records import TraceFit
 from tuner.traces.selection import TraceSelection
 from tuner.workers.engine_config import EngineConfig
 from tuner.workers.measure import Measurement, TrialTimings
@@ -171,6 +172,7 @@ class StoredTrial:
     prune_reason: str | None = None
     probes: list[JudgedProbe] = field(default_factory=list)  # the first at the reference load; none at a fixed load
     validation: ValidationMark | None = None  # a validation launch (tuner.validation); None for a search trial
+    trace_fit: TraceFit | None = None  # how its trace was fitted to its max_model_len; None: lengths as recorded
     id: int | None = field(default=None, compare=False)  # the row's, once stored
 
     def __post_init__(self) -> None:
@@ -199,7 +201,8 @@ class StoredTrial:
                     hardware=self.hardware.to_dict() if self.hardware else {},
                     score=self.score.to_dict() if self.score else {},
                     probes=[p.to_dict() for p in self.probes],
-                    validation=self.validation.to_dict() if self.validation else None)
+                    validation=self.validation.to_dict() if self.validation else None,
+                    trace_fit=self.trace_fit.to_dict() if self.trace_fit else None)
         return data
 
     @classmethod
@@ -212,7 +215,8 @@ class StoredTrial:
                       hardware=HardwareInfo.from_dict(data["hardware"]) if data["hardware"] else None,
                       score=_score_from_dict(data["score"]),
                       probes=[JudgedProbe.from_dict(p) for p in data.get("probes") or []],
-                      validation=ValidationMark.from_dict(data["validation"]) if data.get("validation") else None)
+                      validation=ValidationMark.from_dict(data["validation"]) if data.get("validation") else None,
+                      trace_fit=TraceFit(**data["trace_fit"]) if data.get("trace_fit") else None)
         return cls(**values)
 
     @classmethod
@@ -231,5 +235,5 @@ class StoredTrial:
             estimated_max_model_len=failure.estimated_max_model_len if failure else None,
             exit_code=failure.exit_code if failure else None, timings=record.timings, hardware=record.hardware,
             vllm_version=record.vllm_version, started_at=record.started_at, finished_at=finished_at, score=score,
-            prune_reason=prune_reason, probes=probes or [], validation=validation,
+            prune_reason=prune_reason, probes=probes or [], validation=validation, trace_fit=record.trace.fit,
         )

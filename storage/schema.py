@@ -103,6 +103,7 @@ class TrialRow(Base):
     prune_reason: Mapped[str | None] = mapped_column(Text)
     probes: Mapped[list | None] = mapped_column(JSON)  # each probe judged, the first at the reference load
     validation: Mapped[dict | None] = mapped_column(JSON)  # a validation launch's mark; empty for a search trial
+    trace_fit: Mapped[dict | None] = mapped_column(JSON)  # how its trace was fitted to max_model_len; empty: unfitted
 
 
 class RequestRow(Base):

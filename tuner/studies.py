@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from tuner.describe import RecommendationContext, baseline_dict, recommendation_dict
 from tuner.errors import TunerError
 from tuner.kv_budget import ModelMemory
+from tuner.traces.records import TraceFit
 
 if TYPE_CHECKING:
     from tuner.storage import ValidationMark
@@ -407,6 +408,8 @@ class TrialRowAnswer(Answer):
     probes: Optional[list[JsonObject]] = Field(None, description="Only in a study with a load search: each probe "
                                                                  "with its verdict and reasons.")
     limiting_resource: Optional[LimitingResourceAnswer]
+    trace_fit: Optional[TraceFit] = Field(None, description="How many of the trace's requests its max_model_len "
+                                                            "clipped or scaled; None: replayed as recorded.")
 
 
 class MachineAnswer(Answer):

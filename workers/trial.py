@@ -13,7 +13,7 @@ from pathlib import Path
 
 from tuner.hardware import HardwareInfo, detect_hardware
 from tuner.models import inspect_model
-from tuner.traces.records import Trace
+from tuner.traces.records import Trace, TraceFit
 from tuner.workers.compile_cache import compile_cache_state
 from tuner.workers.engine_config import EngineConfig
 from tuner.workers.launch import EngineLaunchError, read_log, start_engine
@@ -26,8 +26,8 @@ from tuner.workers.server_metrics import TimelineSample
 
 @dataclass(frozen=True)
 class TrialTrace:
-    """What a trial record keeps of its trace: source, format, sha256, request count, span in seconds and the
-    transformations, each in words (`Transformation.describe`)."""
+    """What a trial record keeps of its trace: source, format, sha256, request count, span in seconds, the
+    transformations, each in words (`Transformation.describe`), and how it was fitted to the engine's context."""
 
     source: str
     format: str
@@ -35,12 +35,13 @@ class TrialTrace:
     requests: int
     span_s: float
     transformations: list[str]
+    fit: TraceFit | None = None  # None: replayed at its recorded lengths
 
     @classmethod
     def of(cls, trace: Trace) -> TrialTrace:
         """The summary of a trace as replayed."""
         return cls(trace.source, trace.format, trace.sha256, len(trace.requests), trace.span_s,
-                   [t.describe() for t in trace.transformations])
+                   [t.describe() for t in trace.transformations], trace.fit)
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from tuner.storage import (Repository, StoredTrial, VERSION_TABLE, alembic_confi
 from tuner.storage.schema import Base, ScheduleRunRow, TraceRow, include_name
 from tuner.errors import TunerError
 from tuner.scoring import Rejection, Score
-from tuner.traces.records import Trace, TraceRequest, Transformation
+from tuner.traces.records import Trace, TraceFit, TraceRequest, Transformation
 from tuner.traces.stats import trace_stats
 from tuner.workers.engine_config import EngineConfig
 from tuner.workers.failures import FailureClass, classify_failure
@@ -30,7 +30,7 @@ from tuner.workers.trial import TrialRecord
 from factories import request_records, study_settings, trial_record
 
 TUNER_TABLES = {"tuner_studies", "tuner_traces", "tuner_trials", "tuner_requests", "tuner_schedule_runs"}
-LATEST = "0005"  # tuner's newest Alembic revision
+LATEST = "0006"  # tuner's newest Alembic revision
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -191,6 +191,20 @@ def test_trial_with_requests_and_failure_round_trips(repo):
                        "message": trial.failure_message, "exit_code": -9, "log_excerpt": trial.log_excerpt,
                        "estimated_max_model_len": None}
     assert "worker killed" in failure["log_excerpt"]
+
+
+def test_a_trials_fit_to_its_context_is_stored_and_read_back(repo):
+    repo.save_study(study_settings())
+    record = trial_record(request_records(5), died=False)
+    fit = TraceFit("clip", 8192, 60, 3)
+    trial = stored(replace(record, trace=replace(record.trace, fit=fit)))
+    assert trial.trace_fit == fit
+    repo.save_trial(trial, request_records(5))
+    [back] = repo.trials("s1")
+    assert back.trace_fit == fit and back == trial
+    unfitted = stored(record, number=4)
+    repo.save_trial(unfitted, [])
+    assert repo.trials("s1")[1].trace_fit is None
 
 
 def test_resaving_a_trial_number_replaces_it(repo):

@@ -14,12 +14,14 @@ from tuner.errors import TunerError
 from tuner.hardware import HardwareInfo
 from tuner.capacity import capacity_of
 from tuner.report import (NO_TIMELINE, ReportData, kv_budget_tokens, load_curve_figure, pareto_figure, read_timeline,
-                          render_html, side_by_side, summary, trial_rows)
+                          recommendation_lines, render_html, side_by_side, summary, trial_rows)
 from tuner.scoring import Rejection, Score, boundary
 from tuner.study.recommendation import Recommendation, gain_sentence
-from tuner.traces.records import Trace, TraceRequest
+from tuner.traces.records import Trace, TraceFit, TraceRequest
 from tuner.traces.selection import TraceSelection
 from tuner.workers.trial import TrialTrace
+from tuner.cli.present import report_trial_line
+from tuner.studies import TrialRowAnswer
 from tuner.workers.engine_config import EngineConfig
 from tuner.workers.measure import Measurement, Percentiles, TrialTimings
 from tuner.workers.replay import Outcome, RequestRecord
@@ -414,6 +416,46 @@ def test_a_study_at_a_fixed_load_has_no_load_curves_and_no_capacity():
     assert all("capacity" not in row and "probes" not in row for row in summary(data)["trials"])
     page = render_html(data)
     assert "load_curves" not in page and "capacity req/s" not in page and "load search" not in page
+
+
+def test_the_report_of_a_search_states_each_capacity_in_words_side_by_side_and_per_trial():
+    data = search_data()
+    lines = recommendation_lines(data)
+    carries = [line for line in lines if "within the boundary;" in line]
+    assert carries == ["It carries 7.62 req/s (x476 the trace's rate) within the boundary; at your traffic p95 "
+                       "end-to-end is 3.3 s.",
+                       "vLLM's default configuration (trial 0) carries 4.53 req/s (x283 the trace's rate) within "
+                       "the boundary; at your traffic p95 end-to-end is 3 s."]
+    assert "spread" not in lines[2]  # a selection's unset switch is not worth a word
+    rows = {what: (a, b, change) for what, a, b, change in side_by_side(data)}
+    assert rows["capacity within the boundary"] == ("4.53 req/s (x283 the trace's rate)",
+                                                    "7.62 req/s (x476 the trace's rate)", "+68%")
+    assert "capacity within the boundary" not in {row[0] for row in side_by_side(report_data())}
+    by_trial = {r.trial: r for r in trial_rows(data)}
+    line = report_trial_line(TrialRowAnswer.model_validate(by_trial[3].to_dict()))
+    assert "capacity 7.62 req/s (x476 the trace's rate)" in line
+
+
+def test_a_trial_row_says_how_many_requests_its_context_clipped():
+    data = report_data()
+    fitted = replace(data.trials[3], trace_fit=TraceFit("clip", 1024, 16, 2))
+    rows = {r.trial: r for r in trial_rows(replace(data, trials=(*data.trials[:3], fitted, *data.trials[4:])))}
+    answer = TrialRowAnswer.model_validate(rows[3].to_dict())
+    assert answer.trace_fit == TraceFit("clip", 1024, 16, 2)
+    assert "2 of 16 requests (12%) clipped to max_model_len 1024" in report_trial_line(answer)
+    assert rows[0].trace_fit is None and "clipped" not in report_trial_line(TrialRowAnswer.model_validate(
+        rows[0].to_dict()))
+    page = render_html(replace(data, trials=(*data.trials[:3], fitted, *data.trials[4:])))
+    assert page.count("clipped to max_model_len") == 1
+
+
+def test_side_by_side_states_no_change_between_values_that_read_the_same():
+    data = report_data()
+    base, rec = data.trials[0], data.trials[3]
+    quiet = [replace(t, measurement=replace(t.measurement, queue_s_mean=q)) for t, q in ((base, 1e-5), (rec, 3e-4))]
+    rows = {what: change for what, _, _, change in side_by_side(replace(data, baseline=quiet[0], recommendation=replace(
+        data.recommendation, trial=quiet[1])))}
+    assert rows["mean queue time (vLLM)"] == ""
 
 
 def test_html_of_a_search_shows_the_load_curves_and_the_capacities():

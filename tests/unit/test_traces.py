@@ -16,10 +16,11 @@ from hypothesis import strategies as st
 
 from tuner.errors import TraceFormatError, TunerError
 from tuner.traces.readers import read_trace
-from tuner.traces.records import Trace, TraceRequest, Transformation
+from tuner.traces.records import Trace, TraceFit, TraceRequest, Transformation
 from tuner.traces.stats import trace_stats, typical_reuse_window
 from tuner.traces.selection import TraceSelection, load_trace
 from tuner.traces.transforms import cap_requests, fit_to_context, scale_rate, spread_buckets, window
+from tuner.workers.trial import TrialTrace
 
 from checks import assert_valid, mostly
 
@@ -480,6 +481,15 @@ def test_fit_clip_shortens_input_and_keeps_partial_blocks() -> None:
             2,
         ),
     )
+
+
+def test_a_fitted_trace_says_how_many_of_its_requests_were_fitted() -> None:
+    assert LONG.fit is None
+    clipped = fit_to_context(LONG, 2000, "clip")
+    assert clipped.fit == TraceFit("clip", 2000, 3, 2)
+    assert clipped.fit.describe() == "2 of 3 requests (67%) clipped to max_model_len 2000"
+    assert TrialTrace.of(clipped).fit == clipped.fit
+    assert fit_to_context(LONG, 8000, "scale").fit == TraceFit("scale", 8000, 3, 0)  # fitted as it was
 
 
 def test_fit_scale_multiplies_every_request_by_one_factor() -> None:

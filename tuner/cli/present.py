@@ -118,6 +118,10 @@ def report_trial_line(r: TrialRowAnswer) -> str:
                  f"{fmt(r.ttft_p95_s)} s, p95 e2e {fmt(r.e2e_p95_s)} s, {r.preemptions} preemptions")
         if r.feasible is not None:
             what += ", within the boundary" if r.feasible else ""
+    if r.capacity is not None:
+        what += f", capacity {capacity_line(r.capacity) or 'none'}"
+    if r.trace_fit is not None:
+        what += f", {r.trace_fit.describe()}"
     settings = ", ".join(f"{k}={v}" for k, v in r.settings.items()) or "vLLM defaults"
     held_by = r.limiting_resource
     return (f"{head}: {what} | {settings}" + (f" | limited by {held_by.sentence}" if held_by else "")

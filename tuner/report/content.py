@@ -13,11 +13,13 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from tuner.capacity import JudgedProbe
-from tuner.describe import boundary_line, hardware_line, recommendation_dict, trial_limit
+from tuner.describe import boundary_line, capacity_line, hardware_line, recommendation_dict, trial_limit
 from tuner.diagnosis import LimitingResource
 from tuner.report.data import ReportData
 from tuner.scoring import Capacity
 from tuner.storage import StoredTrial, StudySettings, TrialState
+from tuner.traces.records import TraceFit
+from tuner.study.recommendation import capacity_sentence
 from tuner.workers.measure import Measurement
 
 DEFAULT_LABEL = "vLLM default"
@@ -93,6 +95,7 @@ class TrialRow:
     probes: list[JudgedProbe] | None = None
     # What holds it back, at the load where it stops meeting the boundary; None for a trial that measured nothing.
     limiting_resource: LimitingResource | None = None
+    trace_fit: TraceFit | None = None  # how many requests its max_model_len clipped or scaled; None: unfitted
 
     @property
     def label(self) -> str:
@@ -140,7 +143,7 @@ def trial_rows(data: ReportData) -> list[TrialRow]:
             preemptions=_measured(t, lambda m: m.preemptions), kv_tokens=data.kv_tokens.get(t.trial_number),
             feasible=t.score.feasible if t.state is TrialState.COMPLETE and t.score else None, why=_why(t),
             capacity=data.capacity(t) if searched else None, probes=list(t.probes) if searched else None,
-            limiting_resource=trial_limit(t, data.boundary)))
+            limiting_resource=trial_limit(t, data.boundary), trace_fit=t.trace_fit))
     return rows
 
 
@@ -159,6 +162,14 @@ def _ratio_text(a: float | None, b: float | None) -> str:
     if a == 0:
         return "" if b == 0 else "from 0"
     return f"{(b - a) / a * 100:+.0f}%"
+
+
+def _capacity_text(capacity: Capacity | None) -> str:
+    """A trial's capacity as a cell: `21 req/s (x5.89 the trace's rate)`, "none" when no load passed, "-" without
+    a search."""
+    if capacity is None:
+        return "-"
+    return capacity_line(capacity) or "none"
 
 
 def _meets(t: StoredTrial | None) -> str:
@@ -186,12 +197,17 @@ def side_by_side(data: ReportData) -> list[SideBySideRow]:
     def metric(label: str, read: Callable[[Measurement], Any], digits: int = 3, unit: str = "",
                ratio: bool = True) -> None:
         a, b = _measured(base, read), _measured(rec, read)
-        rows.append(SideBySideRow(label, number_text(a, digits, unit), number_text(b, digits, unit),
-                                  _ratio_text(a, b) if ratio else ""))
+        shown = number_text(a, digits, unit), number_text(b, digits, unit)
+        # No change between two values that read the same: 0.000 s against 0.000 s is no +546%.
+        rows.append(SideBySideRow(label, *shown, _ratio_text(a, b) if ratio and shown[0] != shown[1] else ""))
 
     def completed(t: StoredTrial | None) -> str:
         return f"{t.measurement.completed}/{t.measurement.requests}" if t and t.measurement else "-"
 
+    if data.searched:
+        ca, cb = (data.capacity(t) if t is not None else None for t in (base, rec))
+        rows.append(SideBySideRow("capacity within the boundary", _capacity_text(ca), _capacity_text(cb),
+                                  _ratio_text(ca.rps if ca else None, cb.rps if cb else None)))
     rows.append(SideBySideRow("completed / requests", completed(base), completed(rec), ""))
     metric("completed req/s", lambda m: m.completed_rps)
     metric("output tok/s", lambda m: m.output_tps, 1)
@@ -240,7 +256,7 @@ def measured_on(data: ReportData) -> list[MachineGroup]:
 def trace_line(settings: StudySettings, requests: int | None = None) -> str:
     """The trace as one line: its file name, the start of its sha256, the request count if given, the selection."""
     selection = ", ".join(f"{k}={v}" for k, v in settings.trace_selection.to_dict().items()
-                          if v is not None) or "as recorded"
+                          if v is not None and v is not False) or "as recorded"
     count = f", {requests} requests" if requests is not None else ""
     return f"{Path(settings.trace_path).name} (sha256 {settings.trace_sha256[:12]}{count}; {selection})"
 
@@ -267,9 +283,16 @@ def recommendation_lines(data: ReportData) -> list[str]:
              f"Completed {m.completed}/{m.requests} at {t.scored.completed_rps:.3f} req/s, "
              f"p95 TTFT {number_text(m.ttft_s.p95)} s, p95 end-to-end {t.scored.e2e_p95_s:.3f} s, "
              f"{m.preemptions} preemptions."]
+    # After a load search, what each carries within the boundary: the objective the study ranked them by.
+    if t.scored.capacity is not None:
+        lines.append(f"It {capacity_sentence(t.scored.capacity, t.scored.e2e_p95_s, m.offered_rps)}.")
     shortfall = rec.shortfall()
     if shortfall:
         lines.append(f"{shortfall[0].upper()}{shortfall[1:]}.")
+    base = rec.baseline.scored if rec.baseline is not None else None
+    if base is not None and base.capacity is not None and rec.baseline is not None and rec.baseline is not t:
+        lines.append(f"vLLM's default configuration (trial {rec.baseline.trial_number}) "
+                     f"{capacity_sentence(base.capacity, base.e2e_p95_s, m.offered_rps)}.")
     lines.append(rec.gain_sentence(report=True))
     return lines
 

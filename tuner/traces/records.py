@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 # Mooncake publishes prefix ids for blocks of this many tokens.
@@ -41,6 +41,31 @@ class Transformation:
 
 
 @dataclass(frozen=True)
+class TraceFit:
+    """How a trace was fitted to one engine's context: how many of its requests had to be clipped or scaled."""
+
+    mode: str  # "clip" or "scale"
+    max_model_len: int
+    requests: int
+    fitted: int  # requests whose lengths changed
+
+    @property
+    def share(self) -> float:
+        """The fitted requests' share of the trace (0 for no requests)."""
+        return self.fitted / self.requests if self.requests else 0.0
+
+    def describe(self) -> str:
+        """E.g. `3 of 60 requests (5%) clipped to max_model_len 8192`."""
+        verb = "clipped" if self.mode == "clip" else "scaled"
+        return (f"{self.fitted} of {self.requests} requests ({self.share:.0%}) {verb} to max_model_len "
+                f"{self.max_model_len}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready, as stored with the trial."""
+        return asdict(self)
+
+
+@dataclass(frozen=True)
 class Trace:
     """A recorded request trace, normalized, with its origin and every transformation applied."""
 
@@ -60,6 +85,15 @@ class Trace:
         """Requests per second over the span (requests / span); 0 when the span is 0."""
         span = self.span_s
         return len(self.requests) / span if span > 0 else 0.0
+
+    @property
+    def fit(self) -> TraceFit | None:
+        """How the trace was last fitted to a context; None when it was replayed at its recorded lengths."""
+        steps = [t for t in self.transformations if t.kind in ("fit_clip", "fit_scale")]
+        if not steps:
+            return None
+        step = steps[-1]
+        return TraceFit(step.params["mode"], step.params["max_model_len"], len(self.requests), step.affected)
 
     def with_step(self, requests: tuple[TraceRequest, ...], step: Transformation) -> Trace:
         """A copy holding `requests` instead, with `step` added to its transformations."""
