@@ -7,6 +7,9 @@
 #   bash benchmarks/gpu/h200_llama8b.sh all        # the same, then the validation right after, in one background job
 #   bash benchmarks/gpu/h200_llama8b.sh validate   # start the validation in the background, wait
 #   bash benchmarks/gpu/h200_llama8b.sh wait       # wait again for what is running
+#   SETTINGS="--set max_num_seqs=214 ..." RATE=5.9 bash benchmarks/gpu/h200_llama8b.sh longer
+#                                                  # 1,000 requests at RATE x the trace's rate, one launch of
+#                                                  # SETTINGS (vLLM's default without): a load probes cannot show
 #   bash benchmarks/gpu/h200_llama8b.sh compare    # 2026-12-02's concurrency check (eager, as then)
 # The trials and the validation run in their own session (setsid), so they go on between calls while the
 # machine stays warm; each call waits at most WAIT_S seconds (default 300, the most a machine taken back loses),
@@ -80,6 +83,15 @@ case $phase in
     ;;
   wait)
     wait_running
+    ;;
+  longer)
+    # A probe's few hundred requests can pass a load near the engine's throughput; a longer replay at that load
+    # tells whether it holds (BENCHMARKS.md, section 1).
+    # shellcheck disable=SC2086  # SETTINGS is a list of --set options, split on purpose
+    tuner trial run --model "$model" --max-requests 1000 --rate-scale "${RATE:?RATE: the load, x the trace}" \
+      --load fixed --boundary interactive --set dtype=bfloat16 ${SETTINGS:-} --startup-timeout 400 \
+      --request-timeout 300 --out "$out/longer-$RATE" --json > "$out/longer-$RATE.json" 2> "$out/longer-$RATE.log"
+    tail -n 3 "$out/longer-$RATE.log"
     ;;
   compare)
     tuner compare --model "$model" --max-requests 600 --rate-scale 4 --set dtype=bfloat16 \
