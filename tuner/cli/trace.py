@@ -51,10 +51,10 @@ def trace_window(file: Annotated[Path, typer.Argument(help="A trace file with pr
                  format: FormatOption = None, spread: SpreadOption = False, as_json: JsonOption = False) -> None:
     """The window of N requests whose prefix reuse is typical of the trace (the median over every such window),
     and the options that replay it."""
-    from tuner.traces.selection import load_trace
+    from tuner.traces.selection import TraceSelection, load_trace
     from tuner.traces.stats import typical_reuse_window
 
-    trace = load_trace(file, trace_selection(None, None, None, None, spread), None, format)
+    trace = load_trace(file, TraceSelection(spread=spread), format=format)
     found = typical_reuse_window(trace, requests)
     options = f"{'--spread ' if spread else ''}--window {found.start_s!r}: --max-requests {found.requests}"
     if as_json:

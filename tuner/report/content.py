@@ -289,9 +289,10 @@ def recommendation_lines(data: ReportData) -> list[str]:
     shortfall = rec.shortfall()
     if shortfall:
         lines.append(f"{shortfall[0].upper()}{shortfall[1:]}.")
-    base = rec.baseline.scored if rec.baseline is not None else None
-    if base is not None and base.capacity is not None and rec.baseline is not None and rec.baseline is not t:
-        lines.append(f"vLLM's default configuration (trial {rec.baseline.trial_number}) "
+    default = rec.baseline
+    base = default.scored if default is not None and default.trial_number != t.trial_number else None
+    if default is not None and base is not None and base.capacity is not None:
+        lines.append(f"vLLM's default configuration (trial {default.trial_number}) "
                      f"{capacity_sentence(base.capacity, base.e2e_p95_s, m.offered_rps)}.")
     lines.append(rec.gain_sentence(report=True))
     return lines
