@@ -9,6 +9,11 @@ tuner.scoring.pace_violations as it stands; and the power of each, how often it 
 factor (a queue that grows, in a fluid model: a request due at t waits (factor - 1) x t more).
 
     .venv/bin/python benchmarks/pace_false_failures.py --draws 500
+    .venv/bin/python benchmarks/pace_false_failures.py --gpu-study --draws 200
+
+With --gpu-study, the probes of issue 18's H100 study instead: the bundled trace's first 300 requests at 3.5
+times their rate, each probe repeated to 600 requests and 8 s. Their late requests ask for twice the output
+tokens of the early ones, which the rule's trend reads as growth.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import statistics
 import sys
 from pathlib import Path
 
@@ -50,12 +56,32 @@ def fails_by_shortfall_alone(pace: Pace) -> bool:
     return pace.steady_shortfall > max(STEADY_SHORTFALL_MIN, STEADY_SHORTFALL_SHARE * pace.steady_arrivals)
 
 
+def gpu_study(draws: int, seed: int) -> None:
+    """How often the rule fails a steady engine (noise 0.1) on the H100 study's probes, by load and by seconds per
+    output token (the H100 decoded at 17-22 ms a token in its probes above the reference load)."""
+    base = load_trace(bundled_trace(), TraceSelection(max_requests=300, rate_scale=3.5), 131072)
+    print("| load (x reference) | requests | s per output token | median latency, last third / first | steady engine "
+          "failed |")
+    print("|---|---|---|---|---|")
+    for factor in (1.0, 1.19, 1.41, 1.68):
+        trace = probe_trace(base, factor, 600, 8.0)
+        for per_token_s in (0.01, 0.02):
+            rng = random.Random(seed)
+            paces = [draw(trace, per_token_s, 0.1, 0.0, rng) for _ in range(draws)]
+            trend = statistics.median(p.e2e_trend for p in paces if p.e2e_trend is not None)
+            failed = sum(bool(pace_violations(p)) for p in paces) / draws
+            print(f"| {factor:g} | {len(trace.requests)} | {per_token_s} | x{trend:.2f} | {failed:.0%} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--draws", type=int, default=500)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--gpu-study", action="store_true", help="the probes of issue 18's H100 study")
     args = parser.parse_args()
+    if args.gpu_study:
+        return gpu_study(args.draws, args.seed)
     base = load_trace(bundled_trace(), TraceSelection(max_requests=16, rate_scale=2.0, fit="clip"), 1024)
     trace = probe_trace(base, 1.0, 80, base.span_s)
 
