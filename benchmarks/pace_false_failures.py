@@ -10,10 +10,14 @@ factor (a queue that grows, in a fluid model: a request due at t waits (factor -
 
     .venv/bin/python benchmarks/pace_false_failures.py --draws 500
     .venv/bin/python benchmarks/pace_false_failures.py --gpu-study --draws 200
+    .venv/bin/python benchmarks/pace_false_failures.py --paired --draws 200 --json out.json
 
 With --gpu-study, the probes of issue 18's H100 study instead: the bundled trace's first 300 requests at 3.5
 times their rate, each probe repeated to 600 requests and 8 s. Their late requests ask for twice the output
 tokens of the early ones, which the rule's trend reads as growth.
+
+With --paired, the rule as it stands against a candidate that reads the growth from the same request sent in
+two copies of the trace (the median ratio of its latencies, at 1.1 or 1.2), on both probes.
 """
 
 from __future__ import annotations
@@ -28,7 +32,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tuner.paths import bundled_trace  # noqa: E402
-from tuner.scoring import STEADY_SHORTFALL_MIN, STEADY_SHORTFALL_SHARE, pace_violations  # noqa: E402
+from tuner.scoring import (STEADY_SHORTFALL_DECISIVE, STEADY_SHORTFALL_MIN, STEADY_SHORTFALL_SHARE,  # noqa: E402
+                           _many_late, pace_violations)
 from tuner.traces.selection import TraceSelection, load_trace  # noqa: E402
 from tuner.workers.measure import Pace  # noqa: E402
 from tuner.workers.probes import probe_trace  # noqa: E402
@@ -38,6 +43,12 @@ from tuner.workers.replay import Outcome, RequestRecord  # noqa: E402
 def draw(trace, per_token_s: float, noise: float, stall_s: float, rng: random.Random,
          overload: float = 1.0) -> Pace:
     """One probe's pace: a steady engine (overload 1), or one whose queue grows."""
+    return Pace.of(draw_records(trace, per_token_s, noise, stall_s, rng, overload))
+
+
+def draw_records(trace, per_token_s: float, noise: float, stall_s: float, rng: random.Random,
+                 overload: float = 1.0) -> list[RequestRecord]:
+    """One probe's requests as `draw` models them."""
     stall_at = rng.uniform(0, trace.span_s) if stall_s else None
     records = []
     for i, req in enumerate(trace.requests):
@@ -47,13 +58,66 @@ def draw(trace, per_token_s: float, noise: float, stall_s: float, rng: random.Ra
             latency += stall_at + stall_s - max(req.arrival_s, stall_at)
         records.append(RequestRecord(i, req.arrival_s, req.arrival_s, req.output_tokens, req.input_tokens,
                                      req.output_tokens, Outcome.OK, ttft_s=0.05, e2e_s=latency))
-    return Pace.of(records)
+    return records
 
 
 def fails_by_shortfall_alone(pace: Pace) -> bool:
     """The rule before 2026-12-04: the shortfall alone, whether or not the latency grew (its drain part needs a
     pause longer than the probe)."""
     return pace.steady_shortfall > max(STEADY_SHORTFALL_MIN, STEADY_SHORTFALL_SHARE * pace.steady_arrivals)
+
+
+def paired_median(records: list[RequestRecord], period: int) -> float | None:
+    """The median, over the requests of every copy after the first, of each one's latency over the same request's
+    in the first copy; None for a probe of one copy."""
+    ratios = [later / first for i in range(period, len(records))
+              if (later := records[i].e2e_s) and (first := records[i % period].e2e_s)]
+    return statistics.median(ratios) if ratios else None
+
+
+def fails_paired(records: list[RequestRecord], period: int, threshold: float) -> bool:
+    """A candidate rule: as tuner.scoring.pace_violations, with the growth read from the same requests' two sends
+    (`paired_median` at `threshold` or more) wherever the probe holds two copies."""
+    pace = Pace.of(records)
+    paired = paired_median(records, period)
+    if paired is None:
+        return bool(pace_violations(pace))
+    most_late = pace.steady_shortfall > STEADY_SHORTFALL_DECISIVE * pace.steady_arrivals
+    return _many_late(pace) and (paired >= threshold or most_late)
+
+
+def paired_candidates(draws: int, seed: int) -> list[dict]:
+    """How often the rule as it stands and the paired candidates fail a steady engine and an overloaded one, on the
+    README main job's probe and on the H100 study's."""
+    shapes = {
+        "main job: 16 requests x5": (TraceSelection(max_requests=16, rate_scale=2.0, fit="clip"), 1024, 1.0, 80),
+        "H100 study at 1.41x: 300 requests x2": (TraceSelection(max_requests=300, rate_scale=3.5), 131072, 1.41,
+                                                 600),
+    }
+    rows = []
+    for shape, (selection, context, factor, requests) in shapes.items():
+        base = load_trace(bundled_trace(), selection, context)
+        trace = probe_trace(base, factor, requests, 8.0)
+        for overload in (1.0, 1.1, 1.25):
+            for per_token_s in (0.005, 0.02):
+                for noise in (0.1, 0.3):
+                    for stall_s in ((0.0, 2.0, 5.0) if overload == 1.0 else (0.0,)):
+                        rng = random.Random(seed)
+                        drawn = [draw_records(trace, per_token_s, noise, stall_s, rng, overload)
+                                 for _ in range(draws)]
+                        row = {"shape": shape, "overload": overload, "per_token_s": per_token_s, "noise": noise,
+                               "stall_s": stall_s,
+                               "fails_now": sum(bool(pace_violations(Pace.of(r))) for r in drawn) / draws}
+                        for threshold in (1.1, 1.2):
+                            row[f"fails_paired_{threshold}"] = sum(
+                                fails_paired(r, len(base.requests), threshold) for r in drawn) / draws
+                        rows.append(row)
+    print("| probe | overload | s per output token | noise | one pause, s | rule now | paired >= 1.1 | paired >= 1.2 |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['shape']} | {r['overload']:g} | {r['per_token_s']} | {r['noise']} | {r['stall_s']:g} "
+              f"| {r['fails_now']:.0%} | {r['fails_paired_1.1']:.0%} | {r['fails_paired_1.2']:.0%} |")
+    return rows
 
 
 def gpu_study(draws: int, seed: int) -> None:
@@ -79,9 +143,16 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", type=Path)
     parser.add_argument("--gpu-study", action="store_true", help="the probes of issue 18's H100 study")
+    parser.add_argument("--paired", action="store_true", help="the rule against candidates that read growth from "
+                                                              "the same requests' two sends")
     args = parser.parse_args()
     if args.gpu_study:
         return gpu_study(args.draws, args.seed)
+    if args.paired:
+        rows = paired_candidates(args.draws, args.seed)
+        if args.json:
+            args.json.write_text(json.dumps({"draws": args.draws, "seed": args.seed, "rows": rows}, indent=2) + "\n")
+        return None
     base = load_trace(bundled_trace(), TraceSelection(max_requests=16, rate_scale=2.0, fit="clip"), 1024)
     trace = probe_trace(base, 1.0, 80, base.span_s)
 
