@@ -75,10 +75,10 @@ class BoundaryWatch:
             pending = sum(now - sent > limit for sent in started.values())
             if _quantile_certainly_over(over, pending, dropped, total, left):
                 return f"{over + pending} requests already took over {limit:g} s end to end: p95 cannot meet it"
+        # The TTFT percentile is over requests that finished with a first token: (its TTFT, its prompt's length).
+        counted = [(r.ttft_s, r.input_tokens) for r in finished if r.outcome in _FINISHED and r.ttft_s is not None]
         for shown, allowed_s in _ttft_allowances(b):
-            # The TTFT percentile is over requests that finished with a first token.
-            counted = [r for r in finished if r.outcome in _FINISHED and r.ttft_s is not None]
-            over = sum(r.ttft_s > allowed_s(r.input_tokens) for r in counted if r.ttft_s is not None)
+            over = sum(ttft_s > allowed_s(tokens) for ttft_s, tokens in counted)
             pending = sum(
                 (p.first_token is None and now - (p.sent - live.origin) > allowed_s(p.input_tokens))
                 or (p.first_token is not None and p.first_token - p.sent > allowed_s(p.input_tokens))

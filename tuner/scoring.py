@@ -54,13 +54,17 @@ class Boundary:
             raise TunerError(f"unknown boundary limit {unknown[0]!r}; known: {', '.join(sorted(known))}")
         return replace(self, **limits)  # type: ignore[arg-type]  # each name was checked against the fields
 
-    def ttft_over(self, measurement: Measurement) -> bool:
-        """Whether the measurement's first tokens came later than a TTFT limit of this boundary allows: its flat
-        p95 limit, or its limit per 1,000 prompt tokens."""
+    def ttft_checks(self, measurement: Measurement) -> list[tuple[str, float | None, float | None]]:
+        """(limit name, the measurement's figure, this boundary's limit) for each limit on first tokens: the flat p95,
+        and the p95 per 1,000 prompt tokens; None where there is no figure or no limit."""
         per_1k = measurement.ttft_per_1k_prompt_s.p95 if measurement.ttft_per_1k_prompt_s else None
+        return [("ttft_p95_s", measurement.ttft_s.p95, self.ttft_p95_s),
+                ("ttft_per_1k_prompt_p95_s", per_1k, self.ttft_per_1k_prompt_p95_s)]
+
+    def ttft_over(self, measurement: Measurement) -> bool:
+        """Whether the measurement's first tokens came later than a TTFT limit of this boundary allows."""
         return any(value is not None and limit is not None and value > limit
-                   for value, limit in ((measurement.ttft_s.p95, self.ttft_p95_s),
-                                        (per_1k, self.ttft_per_1k_prompt_p95_s)))
+                   for _, value, limit in self.ttft_checks(measurement))
 
     def makespan_limit_s(self, trace_span_s: float) -> float | None:
         """The longest a replay of a trace spanning `trace_span_s` may take, in seconds; None when the boundary sets no
@@ -75,7 +79,7 @@ class Boundary:
         return asdict(self)
 
 
-# The boundary limits on first tokens (`Boundary.ttft_over`), as the score's constraints name them.
+# The boundary limits on first tokens (`Boundary.ttft_checks`), as the score's constraints name them.
 TTFT_LIMITS = ("ttft_p95_s", "ttft_per_1k_prompt_p95_s")
 
 # The documented defaults; every limit can be overridden per study (`tuner study create --limit NAME=VALUE`).
@@ -272,12 +276,12 @@ def score(measurement: Measurement, bound: Boundary, trace_span_s: float, capaci
     if measurement.e2e_s.p95 is None:
         raise ValueError("a trial in which no request finished has no score")
     ratio = measurement.completed / measurement.requests if measurement.requests else 0.0
+    flat_ttft, per_prompt_ttft = ((name, value, limit, "s") for name, value, limit in bound.ttft_checks(measurement))
     checks: list[tuple[str, float | None, float | None, str]] = [
-        ("ttft_p95_s", measurement.ttft_s.p95, bound.ttft_p95_s, "s"),
+        flat_ttft,
         ("e2e_p95_s", measurement.e2e_s.p95, bound.e2e_p95_s, "s"),
         ("tpot_p95_s", measurement.tpot_s.p95 if measurement.tpot_s else None, bound.tpot_p95_s, "s"),
-        ("ttft_per_1k_prompt_p95_s", measurement.ttft_per_1k_prompt_s.p95 if measurement.ttft_per_1k_prompt_s else None,
-         bound.ttft_per_1k_prompt_p95_s, "s"),
+        per_prompt_ttft,
         ("makespan_s", measurement.duration_s, bound.makespan_limit_s(trace_span_s), "s"),
     ]
     constraints: dict[str, float] = {}
