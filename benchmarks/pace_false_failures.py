@@ -10,14 +10,16 @@ factor (a queue that grows, in a fluid model: a request due at t waits (factor -
 
     .venv/bin/python benchmarks/pace_false_failures.py --draws 500
     .venv/bin/python benchmarks/pace_false_failures.py --gpu-study --draws 200
-    .venv/bin/python benchmarks/pace_false_failures.py --paired --draws 200 --json out.json
+    .venv/bin/python benchmarks/pace_false_failures.py --carried --draws 200 --json out.json
 
 With --gpu-study, the probes of issue 18's H100 study instead: the bundled trace's first 300 requests at 3.5
 times their rate, each probe repeated to 600 requests and 8 s. Their late requests ask for twice the output
 tokens of the early ones, which the rule's trend reads as growth.
 
-With --paired, the rule as it stands against a candidate that reads the growth from the same request sent in
-two copies of the trace (the median ratio of its latencies, at 1.1 or 1.2), on both probes.
+With --carried, on both probes: the trend rule (before 2026-12-06: "grew" read as the last third's median latency
+over the first third's) against the rule as it stands, which reads "grew" from the requests served in each span one
+copy of the trace long (tuner.workers.measure.Pace.carried_share), and against that reading alone, without the
+rule's gate of many late requests.
 """
 
 from __future__ import annotations
@@ -27,23 +29,24 @@ import json
 import random
 import statistics
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tuner.paths import bundled_trace  # noqa: E402
-from tuner.scoring import (STEADY_SHORTFALL_DECISIVE, STEADY_SHORTFALL_MIN, STEADY_SHORTFALL_SHARE,  # noqa: E402
-                           _many_late, pace_violations)
+from tuner.scoring import STEADY_CARRIED, STEADY_SHORTFALL_MIN, STEADY_SHORTFALL_SHARE, pace_violations  # noqa: E402
 from tuner.traces.selection import TraceSelection, load_trace  # noqa: E402
 from tuner.workers.measure import Pace  # noqa: E402
 from tuner.workers.probes import probe_trace  # noqa: E402
 from tuner.workers.replay import Outcome, RequestRecord  # noqa: E402
 
 
-def draw(trace, per_token_s: float, noise: float, stall_s: float, rng: random.Random,
+def draw(trace, period: int, per_token_s: float, noise: float, stall_s: float, rng: random.Random,
          overload: float = 1.0) -> Pace:
-    """One probe's pace: a steady engine (overload 1), or one whose queue grows."""
-    return Pace.of(draw_records(trace, per_token_s, noise, stall_s, rng, overload))
+    """One probe's pace (`period`: the requests of one copy of the trace it repeats): a steady engine (overload 1),
+    or one whose queue grows."""
+    return Pace.of(draw_records(trace, per_token_s, noise, stall_s, rng, overload), period)
 
 
 def draw_records(trace, per_token_s: float, noise: float, stall_s: float, rng: random.Random,
@@ -67,28 +70,18 @@ def fails_by_shortfall_alone(pace: Pace) -> bool:
     return pace.steady_shortfall > max(STEADY_SHORTFALL_MIN, STEADY_SHORTFALL_SHARE * pace.steady_arrivals)
 
 
-def paired_median(records: list[RequestRecord], period: int) -> float | None:
-    """The median, over the requests of every copy after the first, of each one's latency over the same request's
-    in the first copy; None for a probe of one copy."""
-    ratios = [later / first for i in range(period, len(records))
-              if (later := records[i].e2e_s) and (first := records[i % period].e2e_s)]
-    return statistics.median(ratios) if ratios else None
-
-
-def fails_paired(records: list[RequestRecord], period: int, threshold: float) -> bool:
-    """A candidate rule: as tuner.scoring.pace_violations, with the growth read from the same requests' two sends
-    (`paired_median` at `threshold` or more) wherever the probe holds two copies."""
-    pace = Pace.of(records)
-    paired = paired_median(records, period)
-    if paired is None:
+def carried_alone(records: list[RequestRecord], period: int) -> bool:
+    """A variant of the rule: a probe that repeats its trace fails on its carried share alone, without the gate of
+    many late requests (the trend rule otherwise)."""
+    pace = Pace.of(records, period)
+    if pace.carried_share is None:
         return bool(pace_violations(pace))
-    most_late = pace.steady_shortfall > STEADY_SHORTFALL_DECISIVE * pace.steady_arrivals
-    return _many_late(pace) and (paired >= threshold or most_late)
+    return pace.carried_share < STEADY_CARRIED
 
 
-def paired_candidates(draws: int, seed: int) -> list[dict]:
-    """How often the rule as it stands and the paired candidates fail a steady engine and an overloaded one, on the
-    README main job's probe and on the H100 study's."""
+def carried_against_trend(draws: int, seed: int) -> list[dict]:
+    """How often the trend rule, the rule as it stands and the carried share alone fail a steady engine and an
+    overloaded one, on the README main job's probe and on the H100 study's."""
     shapes = {
         "main job: 16 requests x5": (TraceSelection(max_requests=16, rate_scale=2.0, fit="clip"), 1024, 1.0, 80),
         "H100 study at 1.41x: 300 requests x2": (TraceSelection(max_requests=300, rate_scale=3.5), 131072, 1.41,
@@ -98,6 +91,7 @@ def paired_candidates(draws: int, seed: int) -> list[dict]:
     for shape, (selection, context, factor, requests) in shapes.items():
         base = load_trace(bundled_trace(), selection, context)
         trace = probe_trace(base, factor, requests, 8.0)
+        period = len(base.requests)
         for overload in (1.0, 1.1, 1.25):
             for per_token_s in (0.005, 0.02):
                 for noise in (0.1, 0.3):
@@ -105,18 +99,21 @@ def paired_candidates(draws: int, seed: int) -> list[dict]:
                         rng = random.Random(seed)
                         drawn = [draw_records(trace, per_token_s, noise, stall_s, rng, overload)
                                  for _ in range(draws)]
-                        row = {"shape": shape, "overload": overload, "per_token_s": per_token_s, "noise": noise,
-                               "stall_s": stall_s,
-                               "fails_now": sum(bool(pace_violations(Pace.of(r))) for r in drawn) / draws}
-                        for threshold in (1.1, 1.2):
-                            row[f"fails_paired_{threshold}"] = sum(
-                                fails_paired(r, len(base.requests), threshold) for r in drawn) / draws
-                        rows.append(row)
-    print("| probe | overload | s per output token | noise | one pause, s | rule now | paired >= 1.1 | paired >= 1.2 |")
-    print("|---|---|---|---|---|---|---|---|")
+                        rows.append({
+                            "shape": shape, "overload": overload, "per_token_s": per_token_s, "noise": noise,
+                            "stall_s": stall_s,
+                            "fails_trend": sum(bool(pace_violations(Pace.of(r))) for r in drawn) / draws,
+                            "fails_now": sum(bool(pace_violations(Pace.of(r, period))) for r in drawn) / draws,
+                            "fails_carried_alone": sum(carried_alone(r, period) for r in drawn) / draws,
+                            "carried_median": statistics.median(
+                                c for r in drawn if (c := Pace.of(r, period).carried_share) is not None)})
+    print("| probe | overload | s per output token | noise | one pause, s | trend rule | rule now | carried alone "
+          "| median carried share |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['shape']} | {r['overload']:g} | {r['per_token_s']} | {r['noise']} | {r['stall_s']:g} "
-              f"| {r['fails_now']:.0%} | {r['fails_paired_1.1']:.0%} | {r['fails_paired_1.2']:.0%} |")
+              f"| {r['fails_trend']:.0%} | {r['fails_now']:.0%} | {r['fails_carried_alone']:.0%} "
+              f"| {r['carried_median']:.2f} |")
     return rows
 
 
@@ -125,16 +122,18 @@ def gpu_study(draws: int, seed: int) -> None:
     output token (the H100 decoded at 17-22 ms a token in its probes above the reference load)."""
     base = load_trace(bundled_trace(), TraceSelection(max_requests=300, rate_scale=3.5), 131072)
     print("| load (x reference) | requests | s per output token | median latency, last third / first | steady engine "
-          "failed |")
-    print("|---|---|---|---|---|")
+          "failed: trend rule | rule now |")
+    print("|---|---|---|---|---|---|")
     for factor in (1.0, 1.19, 1.41, 1.68):
         trace = probe_trace(base, factor, 600, 8.0)
         for per_token_s in (0.01, 0.02):
             rng = random.Random(seed)
-            paces = [draw(trace, per_token_s, 0.1, 0.0, rng) for _ in range(draws)]
+            paces = [draw(trace, len(base.requests), per_token_s, 0.1, 0.0, rng) for _ in range(draws)]
             trend = statistics.median(p.e2e_trend for p in paces if p.e2e_trend is not None)
+            by_trend = sum(bool(pace_violations(replace(p, carried_share=None))) for p in paces) / draws
             failed = sum(bool(pace_violations(p)) for p in paces) / draws
-            print(f"| {factor:g} | {len(trace.requests)} | {per_token_s} | x{trend:.2f} | {failed:.0%} |")
+            print(f"| {factor:g} | {len(trace.requests)} | {per_token_s} | x{trend:.2f} | {by_trend:.0%} "
+                  f"| {failed:.0%} |")
 
 
 def main() -> None:
@@ -143,13 +142,13 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", type=Path)
     parser.add_argument("--gpu-study", action="store_true", help="the probes of issue 18's H100 study")
-    parser.add_argument("--paired", action="store_true", help="the rule against candidates that read growth from "
-                                                              "the same requests' two sends")
+    parser.add_argument("--carried", action="store_true", help="the trend rule against the rule as it stands, which "
+                                                               "reads growth from the requests served per copy")
     args = parser.parse_args()
     if args.gpu_study:
         return gpu_study(args.draws, args.seed)
-    if args.paired:
-        rows = paired_candidates(args.draws, args.seed)
+    if args.carried:
+        rows = carried_against_trend(args.draws, args.seed)
         if args.json:
             args.json.write_text(json.dumps({"draws": args.draws, "seed": args.seed, "rows": rows}, indent=2) + "\n")
         return None
@@ -158,7 +157,8 @@ def main() -> None:
 
     def rates(per_token_s: float, noise: float, stall_s: float, overload: float) -> tuple[float, float]:
         rng = random.Random(args.seed)
-        paces = [draw(trace, per_token_s, noise, stall_s, rng, overload) for _ in range(args.draws)]
+        paces = [draw(trace, len(base.requests), per_token_s, noise, stall_s, rng, overload)
+                 for _ in range(args.draws)]
         return (sum(map(fails_by_shortfall_alone, paces)) / args.draws,
                 sum(bool(pace_violations(p)) for p in paces) / args.draws)
 

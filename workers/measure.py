@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import statistics
 from dataclasses import asdict, dataclass, fields
 
@@ -59,7 +60,13 @@ class Pace:
     """Whether the engine kept up with the arrivals, from the requests' own times. An engine that keeps up
     finishes the requests of the window's last two thirds in those two thirds shifted by the latency the early
     requests had (their p90); a queue that grows makes later requests slower than early ones, so they finish
-    after it, and the tail drains long after the last arrival."""
+    after it, and the tail drains long after the last arrival.
+
+    A probe that repeats its trace brings the same requests, in the same order and spacing, in every span one copy
+    long: an engine that keeps up serves as many requests in each such span as one copy holds, once the first
+    requests have had their latency to fill it (`carried_share`). Unlike the latency of the last third against the
+    first third's (`e2e_trend`), that compares like with like, so the trace's mix cannot pass for growth: the
+    bundled Azure cut's late requests ask for twice the output tokens of its early ones."""
 
     window_s: float  # the last request's scheduled offset: how long arrivals went on
     steady_arrivals: int  # requests due in the window's last two thirds
@@ -67,6 +74,11 @@ class Pace:
     drain_s: float | None  # from the window's end to the last response; None when nothing finished
     e2e_trend: float | None  # median end-to-end latency of the last third of requests over the first third's
     lag_s: float = 0.0  # p90 end-to-end latency of the first third of requests
+    # Median, over spans one copy of the trace long that begin after `lag_s` and end by the last arrival, of the
+    # requests served in full within the span over the requests one copy holds: near 1 for an engine that keeps up,
+    # its capacity over the offered load for one that does not. None for a replay of one copy, one whose arrivals
+    # ended before such a span, or a record stored before it was read.
+    carried_share: float | None = None
 
     @property
     def steady_shortfall(self) -> int:
@@ -74,8 +86,10 @@ class Pace:
         return self.steady_arrivals - self.steady_completed
 
     @classmethod
-    def of(cls, records: list[RequestRecord]) -> Pace:
-        """The pace of a replay's requests (scheduled offsets, send times and latencies)."""
+    def of(cls, records: list[RequestRecord], period: int | None = None) -> Pace:
+        """The pace of a replay's requests (scheduled offsets, send times and latencies). `period`: how many
+        requests one copy of the trace holds when the replay repeats it (record i is then the same request as
+        record i - period), None when it does not."""
         if not records:
             return cls(0.0, 0, 0, None, None)
         window = max(r.scheduled_s for r in records)
@@ -101,7 +115,28 @@ class Pace:
             drain_s=max(ends) - window if ends else None,
             e2e_trend=last / first if first and last is not None else None,
             lag_s=lag,
+            carried_share=_carried_share(records, period, lag, served) if period else None,
         )
+
+
+# Spans at which `Pace.carried_share` counts the requests served, evenly from the first to the last.
+CARRIED_SPANS = 41
+
+
+def _carried_share(records: list[RequestRecord], period: int, lag_s: float, served: list[float]) -> float | None:
+    """`Pace.carried_share` of a replay whose record i is the same request as record i - period; `served`: when
+    each request served in full finished."""
+    due = {r.index: r.scheduled_s for r in records}
+    if 0 not in due or period not in due:
+        return None
+    copy_s = due[period] - due[0]
+    first, last = lag_s + copy_s, max(r.scheduled_s for r in records)
+    if first > last:
+        return None
+    ends = sorted(served)
+    shares = [(bisect.bisect_right(ends, t) - bisect.bisect_right(ends, t - copy_s)) / period
+              for t in (first + (last - first) * i / (CARRIED_SPANS - 1) for i in range(CARRIED_SPANS))]
+    return statistics.median(shares)
 
 
 @dataclass(frozen=True)
@@ -187,8 +222,9 @@ def _counter_delta(result: ReplayResult, name: str) -> float | None:
     return result.metrics_after.value(name) - result.metrics_before.value(name)
 
 
-def measure(result: ReplayResult) -> Measurement:
-    """What the replay's requests and vLLM's metrics (before, after and sampled during it) add up to."""
+def measure(result: ReplayResult, period: int | None = None) -> Measurement:
+    """What the replay's requests and vLLM's metrics (before, after and sampled during it) add up to. `period`:
+    the requests of one copy of the trace, where the replay repeated it (`Pace.of`)."""
     records: list[RequestRecord] = result.records
     outcomes: dict[str, int] = {}
     for r in records:
@@ -232,7 +268,7 @@ def measure(result: ReplayResult) -> Measurement:
         offered_rps=_offered_rps(records),
         tpot_s=Percentiles.of([r.itl_mean_s for r in finished if r.itl_mean_s is not None]),
         ttft_per_1k_prompt_s=Percentiles.of([t for r in finished if (t := r.ttft_per_1k_prompt_s) is not None]),
-        pace=Pace.of(records),
+        pace=Pace.of(records, period),
         queue_source=queue_source,
         gauge_reads=_reads_in_flight(records, timeline),
         metrics_unreported=None if result.metrics_after is None else result.metrics_after.unreported(READ_METRICS),

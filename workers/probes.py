@@ -165,8 +165,8 @@ def run_probes(engine: RunningEngine, trace: Trace, vocab_size: int, plan: LoadP
                                     timeout_s=request_timeout_s, engine_alive=engine.alive,
                                     should_stop=stop_rule, on_done=on_request_done))
         lost = result.engine_lost or not engine.alive()
-        probe = Probe(index, factor, probe_seed, len(probed.requests), measure(result), result.stop_reason,
-                      idle, waited, lost)
+        probe = Probe(index, factor, probe_seed, len(probed.requests), measure(result, len(trace.requests)),
+                      result.stop_reason, idle, waited, lost)
         runs.append(ProbeRun(probe, result.records, result.timeline))
         if lost:
             break

@@ -14,12 +14,12 @@ from tuner.capacity import (DECISIVE_REQUESTS, JudgedProbe, LoadPolicy, LoadSear
                             wilson_interval)
 from tuner.errors import TunerError
 from tuner.paths import bundled_trace
-from tuner.scoring import (STEADY_SHORTFALL_MIN, STEADY_SHORTFALL_SHARE, STEADY_TREND, boundary, pace_undecided,
-                            pace_violations, score)
+from tuner.scoring import (STEADY_CARRIED, STEADY_SHORTFALL_MIN, STEADY_SHORTFALL_SHARE, STEADY_TREND, boundary,
+                            pace_undecided, pace_violations, score)
 from tuner.storage import StudySettings
 from tuner.traces.records import Trace, TraceRequest
 from tuner.traces.transforms import repeat
-from tuner.workers.measure import measure
+from tuner.workers.measure import Pace, measure
 from tuner.workers.probes import FixedLoad, Probe, ProbeRun, probe_trace
 from tuner.workers.replay import Outcome, ReplayResult, RequestRecord
 
@@ -34,9 +34,11 @@ def _records(n: int, gap_s: float, e2e_s: float | list[float], ttft_s: float = 0
                           itl_mean_s=0.01) for i in range(n)]
 
 
-def _run(records: list[RequestRecord], factor: float = 1.0, index: int = 0, **probe) -> ProbeRun:
+def _run(records: list[RequestRecord], factor: float = 1.0, index: int = 0, period: int | None = None,
+         **probe) -> ProbeRun:
+    """A probe of these requests; `period`: the requests of one copy of the trace, where the probe repeats it."""
     duration = max(r.sent_s + r.e2e_s for r in records)
-    m = measure(ReplayResult(records, duration, None, None))
+    m = measure(ReplayResult(records, duration, None, None), period)
     return ProbeRun(Probe(index, factor, index, len(records), m, **probe), records)
 
 
@@ -65,6 +67,45 @@ def test_one_pause_of_the_machine_near_the_end_is_no_queue_that_grows():
     assert pace.steady_shortfall > max(STEADY_SHORTFALL_MIN, STEADY_SHORTFALL_SHARE * pace.steady_arrivals)
     assert pace.e2e_trend < STEADY_TREND
     assert judge_probe(run.probe, run.records, LIFTED).verdict is Verdict.PASS
+
+
+def test_a_repeated_trace_whose_later_requests_are_longer_is_no_queue_that_grows():
+    # Two copies of a 30-request trace whose last third asks for long outputs (2 s against 0.3 s): the probe's last
+    # third of requests is slower than its first third (x2.5) and some finish late, though the engine served every
+    # span one copy long in full. The trend alone failed it; the same requests' copies show no queue.
+    latencies = [0.3 if j < 10 else 0.8 if j < 20 else 2.0 for j in range(30)] * 2
+    alone = Pace.of(_records(60, 0.1, latencies))
+    assert alone.e2e_trend > STEADY_TREND and alone.carried_share is None and pace_violations(alone)
+    run = _run(_records(60, 0.1, latencies), period=30)
+    pace = run.probe.measurement.pace
+    assert pace.carried_share >= STEADY_CARRIED and pace.steady_shortfall == alone.steady_shortfall
+    assert judge_probe(run.probe, run.records, LIFTED).verdict is Verdict.PASS
+
+
+def test_a_queue_that_grows_in_a_repeated_trace_fails_on_what_each_copy_long_span_served():
+    # Three copies of 30 requests due 0.1 s apart, each request waiting 0.3 s more per second of the probe: the
+    # engine serves 1/1.3 of what arrives, and each span one copy long shows it.
+    run = _run(_records(90, 0.1, [0.3 + 0.03 * i for i in range(90)]), period=30)
+    pace = run.probe.measurement.pace
+    assert pace.carried_share == pytest.approx(1 / 1.3, abs=0.02)
+    judgement = judge_probe(run.probe, run.records, LIFTED)
+    assert judgement.verdict is Verdict.FAIL
+    assert judgement.reasons == [pace_violations(pace)[0]]
+    assert judgement.reasons[0].endswith("in a span as long as one copy of the trace, it served 77% of the requests "
+                                         "one copy brings")
+
+
+def test_vllms_default_on_an_h100_kept_up_with_the_azure_trace_whose_later_requests_are_longer():
+    # vLLM's default (Llama-3.1-8B, dummy weights) on an H100 on 2026-12-05, at 17.6 and 16.2 req/s: two copies of
+    # the bundled cut's first 300 requests, whose last third asks for 388 output tokens (median) against 183 for
+    # the first. The trend (x1.55, x1.59) and the late requests failed both; each span one copy long served the
+    # whole copy, and the same requests took as long in either copy.
+    for probe in (2, 4):
+        run = _h100_probe(probe, "h100-default-kept-up.csv")
+        pace = run.probe.measurement.pace
+        assert pace.e2e_trend > STEADY_TREND and pace_violations(replace(pace, carried_share=None))
+        assert pace.carried_share == 1.0
+        assert judge_probe(run.probe, run.records, boundary("interactive")).verdict is Verdict.PASS
 
 
 def test_a_burst_far_beyond_the_engine_fails_though_its_batch_makes_early_and_late_requests_alike():
@@ -119,15 +160,17 @@ def test_arrivals_that_end_before_the_early_requests_are_served_cannot_show_the_
     assert score(quick.probe.measurement, LIFTED, pace.window_s, judge_pace=True).feasible
 
 
-def _h100_probe(number: int) -> ProbeRun:
-    """A probe of vLLM's default (Llama-3.1-8B, dummy weights) on an H100, as recorded on 2026-12-05: probe 0 at the
-    reference load (12.5 req/s), probe 1 at twice it (600 requests at 25 req/s)."""
-    with (DATA / "h100-default-probes.csv").open() as f:
+def _h100_probe(number: int, data: str = "h100-default-probes.csv") -> ProbeRun:
+    """A probe of vLLM's default (Llama-3.1-8B, dummy weights) on an H100, the bundled cut's first 300 requests
+    repeated, as recorded on 2026-12-05. h100-default-probes.csv: probe 0 at the reference load (12.5 req/s), probe 1
+    at twice it (600 requests at 25 req/s); h100-default-kept-up.csv: probes 2 and 4 of a later search, at 17.6 and
+    16.2 req/s."""
+    with (DATA / data).open() as f:
         rows = [row for row in csv.DictReader(f) if int(row["probe"]) == number]
     records = [RequestRecord(i, float(r["scheduled_s"]), float(r["sent_s"]), int(r["output_tokens"]),
                              int(r["input_tokens"]), int(r["output_tokens"]), Outcome.OK, ttft_s=float(r["ttft_s"]),
                              e2e_s=float(r["e2e_s"])) for i, r in enumerate(rows)]
-    return _run(records, factor=2.0 ** number, index=number)
+    return _run(records, factor=2.0 ** number, index=number, period=300)
 
 
 def test_early_requests_slow_for_half_the_window_cannot_show_the_pace_when_many_later_ones_are_late():
@@ -140,6 +183,8 @@ def test_early_requests_slow_for_half_the_window_cannot_show_the_pace_when_many_
     assert (pace.window_s, pace.lag_s) == (pytest.approx(24.05, abs=0.01), pytest.approx(16.78, abs=0.01))
     assert (pace.steady_arrivals, pace.steady_completed) == (423, 274) and pace.e2e_trend < STEADY_TREND
     assert not pace_violations(pace) and pace.lag_s < pace.window_s
+    # Its first requests took longer than a copy of the trace (12 s): no span one copy long came after them.
+    assert pace.carried_share is None
     judgement = judge_probe(run.probe, run.records, boundary("interactive"))
     assert judgement.verdict is Verdict.INCONCLUSIVE and judgement.reasons == [pace_undecided(pace)]
     assert judgement.reasons[0].startswith("too short to tell whether the engine kept up: the early requests' p90 "
