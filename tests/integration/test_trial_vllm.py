@@ -37,11 +37,13 @@ def _trace(selection: TraceSelection = SLICE):
 
 
 def test_large_kv_budget_serves_every_request_in_full_without_preemption(tiny_model, tmp_path):
-    """Through the CLI, as a user runs it: every request gets exactly its requested output length."""
+    """Through the CLI, as a user runs it, under the long-prompt boundary: every request gets exactly its requested
+    output length, and each first token is measured against its prompt's length."""
     out_dir = tmp_path / "trial"
     result = subprocess.run(
         [sys.executable, "-m", "tuner", "trial", "run", "--model", str(tiny_model), "--trace", str(AZURE_CONV),
          "--window", "300:400", "--max-requests", str(REQUESTS), "--rate-scale", "100", "--fit", "clip", *FIXED_LOAD,
+         "--boundary", "long-prompt",
          "--set", f"max_model_len={MAX_MODEL_LEN}", "--set", "max_num_seqs=16", "--set", "enforce_eager=true",
          "--set", "kv_cache_memory_bytes=268435456", "--out", str(out_dir), "--json"],
         capture_output=True, text=True, timeout=600)
@@ -70,6 +72,14 @@ def test_large_kv_budget_serves_every_request_in_full_without_preemption(tiny_mo
     queue = [float(r["queue_s"]) for r in rows]  # every request has its own; the figures are theirs
     assert all(0 <= q < float(r["ttft_s"]) for q, r in zip(queue, rows))
     assert m["queue_s_p50"] == pytest.approx(percentile(queue, 50))
+    # The long-prompt boundary's figure: each request's TTFT per 1,000 prompt tokens (a prompt under 1,000 counted
+    # as 1,000), from the engine's own first tokens and the prompts the replayer sent.
+    assert record["boundary"]["name"] == "long-prompt" and record["boundary"]["ttft_per_1k_prompt_p95_s"] == 0.5
+    per_1k = [float(r["ttft_s"]) / max(int(r["input_tokens"]), 1000) * 1000 for r in rows]
+    assert m["ttft_per_1k_prompt_s"]["p95"] == pytest.approx(percentile(per_1k, 95))
+    # These prompts (350-630 tokens) are each counted as 1,000: the figure is the TTFT itself.
+    assert max(int(r["input_tokens"]) for r in rows) < 1000
+    assert m["ttft_per_1k_prompt_s"]["p95"] == pytest.approx(m["ttft_s"]["p95"])
     assert m["queue_s_mean"] == pytest.approx(statistics.fmean(queue))
     # Every request: when it was due, when it went out (open loop: never before it was due), what users saw.
     for r in rows:
