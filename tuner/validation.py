@@ -76,11 +76,15 @@ class GainInterval:
                 "confidence": CONFIDENCE}
 
 
-def gain_interval(values: Sequence[float], reference: Sequence[float], resolution: float = 0.0) -> GainInterval:
+def gain_interval(values: Sequence[float], reference: Sequence[float], resolution: float = 0.0,
+                  brackets: tuple[float, float] = (0.0, 0.0)) -> GainInterval:
     """How much more `values` carries than `reference` (every value above 0, at least 2 of each): the ratio of
     geometric means and its Welch t-interval on the logs, widened where narrower to the measurement's
     `resolution` (a load search tells apart no capacities within its precision: 0.1 = 10%), which repeats that
-    happen to agree cannot make finer."""
+    happen to agree cannot make finer. `brackets`: how far above its value each side's capacity may lie (the
+    widest of its launches' brackets, 0.42 for a search that passed 16.3 req/s and failed 23.1): a search whose
+    probes ran out before its precision leaves the capacity anywhere in its bracket, so the gain's low end
+    takes the reference's bracket and its high end the compared side's."""
     from scipy import stats
 
     if min(len(values), len(reference)) < 2 or min(*values, *reference) <= 0:
@@ -96,8 +100,8 @@ def gain_interval(values: Sequence[float], reference: Sequence[float], resolutio
             warnings.filterwarnings("ignore", "Precision loss occurred", RuntimeWarning)
             interval = stats.ttest_ind(logs_a, logs_b, equal_var=False).confidence_interval(CONFIDENCE)
         low, high = float(interval.low), float(interval.high)
-    floor = math.log1p(resolution)
-    return GainInterval(math.exp(diff), math.exp(min(low, diff - floor)), math.exp(max(high, diff + floor)),
+    above, below = (math.log1p(max(resolution, bracket)) for bracket in brackets)
+    return GainInterval(math.exp(diff), math.exp(min(low, diff - below)), math.exp(max(high, diff + above)),
                         (len(values), len(reference)))
 
 
@@ -110,6 +114,14 @@ class ArmResult:
     trials: tuple[int, ...]
     values: tuple[float, ...]
     failures: tuple[str, ...] = ()  # the failure class of each launch that failed (its value is 0)
+    # Per launch, how far above its value the first load that did not pass lay (edge / capacity - 1); 0 where the
+    # search found no such load or did not search.
+    brackets: tuple[float, ...] = ()
+
+    @property
+    def widest_bracket(self) -> float:
+        """The widest of the arm's launches' brackets (0 without any)."""
+        return max(self.brackets, default=0.0)
 
     @property
     def median(self) -> float | None:
@@ -124,7 +136,8 @@ class ArmResult:
     def to_dict(self) -> dict[str, Any]:
         """For programs: the arm's label and trial, its launches' trial numbers and values, and the median."""
         return {"label": self.arm.label, "of_trial": self.arm.of_trial, "trials": list(self.trials),
-                "values": list(self.values), "median": self.median, "failures": list(self.failures)}
+                "values": list(self.values), "median": self.median, "failures": list(self.failures),
+                "brackets": list(self.brackets)}
 
     def nothing_carried(self) -> str:
         """How often it carried no load, and why where a launch failed: `trial 3 carried no load within the
@@ -174,7 +187,7 @@ class Validation:
         a, b = self.finalist, self.default
         if not (a.carried_every_time and b.carried_every_time and len(a.values) >= 2 and len(b.values) >= 2):
             return None
-        return gain_interval(a.values, b.values, self.resolution)
+        return gain_interval(a.values, b.values, self.resolution, (a.widest_bracket, b.widest_bracket))
 
     @property
     def keep_default(self) -> bool:
@@ -240,6 +253,15 @@ def launch_value(trial: StoredTrial, searched: bool) -> float | None:
     return score.completed_rps if score.feasible else 0.0
 
 
+def launch_bracket(trial: StoredTrial) -> float:
+    """How far above a searched launch's capacity its bracket reached: the first load above it that did not pass,
+    over it, less 1; 0 where there is no such load (none passed, none failed above, or no search)."""
+    capacity = trial.scored.capacity if trial.scored is not None else None
+    if capacity is None or not capacity.rps or capacity.edge_rps is None:
+        return 0.0
+    return capacity.edge_rps / capacity.rps - 1
+
+
 def validations(trials: Sequence[StoredTrial], searched: bool, resolution: float = 0.0) -> list[Validation]:
     """Every validation of a study, oldest first, judged from its marked trials; `resolution` as in
     `gain_interval`."""
@@ -259,7 +281,7 @@ def latest_validation(trials: Sequence[StoredTrial], searched: bool, resolution:
 
 def _judge(run: int, marked: list[StoredTrial], searched: bool, resolution: float) -> Validation:
     arms: dict[int, Arm] = {}
-    launches: dict[int, list[tuple[int, float]]] = {}
+    launches: dict[int, list[tuple[int, float, float]]] = {}
     failures: dict[int, list[str]] = {}
     order = []
     for t in marked:
@@ -270,12 +292,13 @@ def _judge(run: int, marked: list[StoredTrial], searched: bool, resolution: floa
         if value is None:
             continue
         order.append(t.trial_number)
-        launches.setdefault(mark.arm, []).append((t.trial_number, value))
+        launches.setdefault(mark.arm, []).append((t.trial_number, value, launch_bracket(t) if searched else 0.0))
         if t.state is TrialState.FAILED:
             failures.setdefault(mark.arm, []).append(t.failure_class or "failed")
     repeats = max(t.validation.repeats for t in marked if t.validation is not None)
-    results = tuple(ArmResult(arm, tuple(n for n, _ in launches.get(i, [])), tuple(v for _, v in launches.get(i, [])),
-                              tuple(failures.get(i, []))) for i, arm in sorted(arms.items()))
+    results = tuple(ArmResult(arm, tuple(n for n, _, _ in launches.get(i, [])),
+                              tuple(v for _, v, _ in launches.get(i, [])), tuple(failures.get(i, [])),
+                              tuple(b for _, _, b in launches.get(i, []))) for i, arm in sorted(arms.items()))
     return Validation(run, repeats, results, tuple(order), _unit(searched), resolution)
 
 

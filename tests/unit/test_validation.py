@@ -114,11 +114,12 @@ def test_a_launch_that_carried_nothing_leaves_no_interval_and_says_so():
                                "1 of 2 launches): keep vLLM's default")
 
 
-def _trial(number: int, mark: ValidationMark | None, state: TrialState, capacity_rps: float | None) -> StoredTrial:
+def _trial(number: int, mark: ValidationMark | None, state: TrialState, capacity_rps: float | None,
+           edge_rps: float | None = None) -> StoredTrial:
     m = measurement()
     score = None if state is not TrialState.COMPLETE else Score(
         m.completed_rps, m.e2e_s.p95, m.output_tps, 1.0, {}, [],
-        Capacity(capacity_rps, None, None, None, 3, "bracketed"))
+        Capacity(capacity_rps, None, None, edge_rps, 3, "bracketed"))
     return StoredTrial("demo", number, 1, state, EngineConfig(), "vllm serve m", m, None, None, None, None, None,
                        None, MACHINE, "0.32.0", "2025-01-01T00:00:00+00:00", None, score, validation=mark)
 
@@ -138,7 +139,27 @@ def test_validations_are_read_back_from_marked_trials_in_the_order_they_ran():
     assert v.complete and v.order == (4, 5, 7, 8) and v.default.values == (2.1, 2.2)
     assert latest_validation(trials, True) == v and latest_validation(trials, True, against_itself=True) is None
     assert v.to_dict()["arms"][1] == {"label": "trial 2", "of_trial": 2, "trials": [5, 7], "values": [3.0, 0.0],
-                                      "median": 1.5, "failures": ["engine_died"]}
+                                      "median": 1.5, "failures": ["engine_died"], "brackets": [0.0, 0.0]}
     # A launch that failed is named as such, not only as one that carried nothing.
     assert v.sentence() == ("no interval for trial 2 against vLLM's default (trial 2 carried no load within the "
                             "boundary in 1 of 2 launches, of which 1 failed: engine_died): keep vLLM's default")
+
+
+def test_a_gain_inside_the_defaults_wide_bracket_keeps_the_default():
+    # The H100 validation of 2026-12-06: vLLM's default passed 16.3 req/s and failed 23.1 in both launches (its
+    # probes ran out before the 10% precision), trial 3 passed 21.0 and failed 23.1. The lower ends agree
+    # exactly, so the repeats alone read x1.29 beyond noise; the default's capacity may lie anywhere up to 23.1.
+    marks = interleaved([Arm(0, None), Arm(1, 3)], 2, run=1)
+    trials = [_trial(number, mark, TrialState.COMPLETE, rps, 23.08)
+              for number, mark, rps in zip((6, 7, 8, 9), marks, (16.32, 20.98, 16.32, 20.98))]
+    (v,) = validations(trials, searched=True, resolution=0.1)
+    assert v.default.brackets == pytest.approx((0.414, 0.414), abs=0.001)
+    gain = v.gain
+    assert gain.ratio == pytest.approx(1.286, abs=0.001)
+    assert (gain.low, gain.high) == pytest.approx((1.286 / 1.414, 1.286 * 1.1), abs=0.001)
+    assert gain.includes_one and v.keep_default and v.winner.arm.of_trial is None
+    # Brackets as narrow as the precision change nothing: the same loads, each failed 10% above, tell them apart.
+    narrow = [_trial(t.trial_number, t.validation, TrialState.COMPLETE, rps, rps * 1.1)
+              for t, rps in zip(trials, (16.32, 20.98, 16.32, 20.98))]
+    (told,) = validations(narrow, searched=True, resolution=0.1)
+    assert not told.keep_default and told.gain.low == pytest.approx(1.286 / 1.1, abs=0.001)
