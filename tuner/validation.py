@@ -292,7 +292,7 @@ def _judge(run: int, marked: list[StoredTrial], searched: bool, resolution: floa
         if value is None:
             continue
         order.append(t.trial_number)
-        launches.setdefault(mark.arm, []).append((t.trial_number, value, launch_bracket(t) if searched else 0.0))
+        launches.setdefault(mark.arm, []).append((t.trial_number, value, launch_bracket(t)))
         if t.state is TrialState.FAILED:
             failures.setdefault(mark.arm, []).append(t.failure_class or "failed")
     repeats = max(t.validation.repeats for t in marked if t.validation is not None)

@@ -115,7 +115,7 @@ class Pace:
             drain_s=max(ends) - window if ends else None,
             e2e_trend=last / first if first and last is not None else None,
             lag_s=lag,
-            carried_share=_carried_share(records, period, lag, served) if period else None,
+            carried_share=_carried_share(records, period, lag, window, served) if period else None,
         )
 
 
@@ -123,14 +123,15 @@ class Pace:
 CARRIED_SPANS = 41
 
 
-def _carried_share(records: list[RequestRecord], period: int, lag_s: float, served: list[float]) -> float | None:
-    """`Pace.carried_share` of a replay whose record i is the same request as record i - period; `served`: when
-    each request served in full finished."""
+def _carried_share(records: list[RequestRecord], period: int, lag_s: float, window_s: float,
+                   served: list[float]) -> float | None:
+    """`Pace.carried_share` of a replay whose record i is the same request as record i - period, whose arrivals
+    lasted `window_s`; `served`: when each request served in full finished."""
     due = {r.index: r.scheduled_s for r in records}
     if 0 not in due or period not in due:
         return None
     copy_s = due[period] - due[0]
-    first, last = lag_s + copy_s, max(r.scheduled_s for r in records)
+    first, last = lag_s + copy_s, window_s
     if first > last:
         return None
     ends = sorted(served)
