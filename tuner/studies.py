@@ -322,12 +322,13 @@ class RecommendedConfig(Answer):
 
 
 class GainAnswer(Answer):
-    """A validated gain (`tuner.validation.GainInterval`): the ratio of carried loads, its 95% interval, the
-    repeats behind each side (the compared configuration's, the default's) and the confidence level."""
+    """A validated gain (`tuner.validation.GainInterval`): the ratio of carried loads, its 95% interval (the high
+    end None where unbounded), the repeats behind each side (the compared configuration's, the default's) and the
+    confidence level."""
 
     ratio: Number
     low: Number
-    high: Number
+    high: Optional[Number]  # None: no failing load bounded the compared configuration's capacity above
     repeats: list[int]
     confidence: Number
 

@@ -65,15 +65,19 @@ class GainInterval:
         return self.low <= 1.0 + 1e-9 and self.high >= 1.0 - 1e-9
 
     def text(self) -> str:
-        """`x1.02, 95% CI 0.97-1.07, 3 repeats each`."""
+        """`x1.02, 95% CI 0.97-1.07, 3 repeats each`; ends that no failing load bounded read `0-1.41` and `1.17 or
+        more`."""
         a, b = self.repeats
         each = f"{a} repeats each" if a == b else f"{a} and {b} repeats"
-        return f"x{self.ratio:.2f}, {CONFIDENCE:.0%} CI {self.low:.2f}-{self.high:.2f}, {each}"
+        low = "0" if self.low == 0 else f"{self.low:.2f}"
+        ends = f"{low} or more" if math.isinf(self.high) else f"{low}-{self.high:.2f}"
+        return f"x{self.ratio:.2f}, {CONFIDENCE:.0%} CI {ends}, {each}"
 
     def to_dict(self) -> dict[str, Any]:
-        """For programs: the ratio, the interval's ends, the repeats and the confidence level."""
-        return {"ratio": self.ratio, "low": self.low, "high": self.high, "repeats": list(self.repeats),
-                "confidence": CONFIDENCE}
+        """For programs: the ratio, the interval's ends (the high one None where unbounded), the repeats and the
+        confidence level."""
+        return {"ratio": self.ratio, "low": self.low, "high": None if math.isinf(self.high) else self.high,
+                "repeats": list(self.repeats), "confidence": CONFIDENCE}
 
 
 def gain_interval(values: Sequence[float], reference: Sequence[float], resolution: float = 0.0,
@@ -82,9 +86,10 @@ def gain_interval(values: Sequence[float], reference: Sequence[float], resolutio
     geometric means and its Welch t-interval on the logs, widened where narrower to the measurement's
     `resolution` (a load search tells apart no capacities within its precision: 0.1 = 10%), which repeats that
     happen to agree cannot make finer. `brackets`: how far above its value each side's capacity may lie (the
-    widest of its launches' brackets, 0.42 for a search that passed 16.3 req/s and failed 23.1): a search whose
-    probes ran out before its precision leaves the capacity anywhere in its bracket, so the gain's low end
-    takes the reference's bracket and its high end the compared side's."""
+    widest of its launches' brackets, 0.42 for a search that passed 16.3 req/s and failed 23.1; infinite where no
+    load above a capacity failed): a search whose probes ran out before its precision leaves the capacity
+    anywhere in its bracket, so the gain's low end takes the reference's bracket (down to 0 for an open one) and
+    its high end the compared side's (up to infinity)."""
     from scipy import stats
 
     if min(len(values), len(reference)) < 2 or min(*values, *reference) <= 0:
@@ -114,8 +119,8 @@ class ArmResult:
     trials: tuple[int, ...]
     values: tuple[float, ...]
     failures: tuple[str, ...] = ()  # the failure class of each launch that failed (its value is 0)
-    # Per launch, how far above its value the first load that did not pass lay (edge / capacity - 1); 0 where the
-    # search found no such load or did not search.
+    # Per launch, how far above its value the first load that did not pass lay (edge / capacity - 1); infinite
+    # where no load above it failed; 0 where it carried none or did not search.
     brackets: tuple[float, ...] = ()
 
     @property
@@ -137,7 +142,7 @@ class ArmResult:
         """For programs: the arm's label and trial, its launches' trial numbers and values, and the median."""
         return {"label": self.arm.label, "of_trial": self.arm.of_trial, "trials": list(self.trials),
                 "values": list(self.values), "median": self.median, "failures": list(self.failures),
-                "brackets": list(self.brackets)}
+                "brackets": [None if math.isinf(b) else b for b in self.brackets]}
 
     def nothing_carried(self) -> str:
         """How often it carried no load, and why where a launch failed: `trial 3 carried no load within the
@@ -255,11 +260,12 @@ def launch_value(trial: StoredTrial, searched: bool) -> float | None:
 
 def launch_bracket(trial: StoredTrial) -> float:
     """How far above a searched launch's capacity its bracket reached: the first load above it that did not pass,
-    over it, less 1; 0 where there is no such load (none passed, none failed above, or no search)."""
+    over it, less 1; infinite where no load above it failed (its probes ran out, or the load range did, while it
+    still passed: it may carry any load above); 0 where it carried none, or did not search."""
     capacity = trial.scored.capacity if trial.scored is not None else None
-    if capacity is None or not capacity.rps or capacity.edge_rps is None:
+    if capacity is None or not capacity.rps:
         return 0.0
-    return capacity.edge_rps / capacity.rps - 1
+    return math.inf if capacity.edge_rps is None else capacity.edge_rps / capacity.rps - 1
 
 
 def validations(trials: Sequence[StoredTrial], searched: bool, resolution: float = 0.0) -> list[Validation]:

@@ -99,7 +99,8 @@ def test_a_study_whose_best_is_the_default_says_keep_it_with_the_defaults_comman
     # out either way (the default's two at 0.79 and 6.30 req/s, x1.31 for one at a time, on 2026-12-05), and two
     # repeats cannot tell them apart: the default stays, "within noise".
     gain = validation["gain"]
-    assert gain["repeats"] == [2, 2] and gain["low"] <= gain["ratio"] <= gain["high"]
+    assert gain["repeats"] == [2, 2] and gain["low"] <= gain["ratio"]
+    assert gain["high"] is None or gain["ratio"] <= gain["high"]  # None: a launch of trial 1 passed every load it tried
     assert gain["ratio"] == pytest.approx(geometric_mean(single["values"]) / geometric_mean(default["values"]))
     said = ("vLLM's default carries at least as much as the best configuration found (trial 1: x" if gain["ratio"] <= 1
             else "vLLM's default is within noise of the best configuration found (trial 1: x")

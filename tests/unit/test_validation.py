@@ -136,10 +136,12 @@ def test_validations_are_read_back_from_marked_trials_in_the_order_they_ran():
     assert v.default.trials == (4,) and v.arms[1].values == (3.0, 0.0)  # a failed launch carried nothing
     trials.append(_trial(8, marks[2], TrialState.COMPLETE, 2.2))
     (v,) = validations(trials, searched=True)
+    # Trial 5 carried 3.0 and no load above it failed: open (None for programs); a failed launch has no bracket.
+    assert v.arms[1].brackets == (math.inf, 0.0)
     assert v.complete and v.order == (4, 5, 7, 8) and v.default.values == (2.1, 2.2)
     assert latest_validation(trials, True) == v and latest_validation(trials, True, against_itself=True) is None
     assert v.to_dict()["arms"][1] == {"label": "trial 2", "of_trial": 2, "trials": [5, 7], "values": [3.0, 0.0],
-                                      "median": 1.5, "failures": ["engine_died"], "brackets": [0.0, 0.0]}
+                                      "median": 1.5, "failures": ["engine_died"], "brackets": [None, 0.0]}
     # A launch that failed is named as such, not only as one that carried nothing.
     assert v.sentence() == ("no interval for trial 2 against vLLM's default (trial 2 carried no load within the "
                             "boundary in 1 of 2 launches, of which 1 failed: engine_died): keep vLLM's default")
@@ -163,3 +165,26 @@ def test_a_gain_inside_the_defaults_wide_bracket_keeps_the_default():
               for t, rps in zip(trials, (16.32, 20.98, 16.32, 20.98))]
     (told,) = validations(narrow, searched=True, resolution=0.1)
     assert not told.keep_default and told.gain.low == pytest.approx(1.286 / 1.1, abs=0.001)
+
+
+def test_a_capacity_no_failing_load_bounded_leaves_its_side_of_the_interval_open():
+    # The same loads, each failed 10% above, except one launch whose probes ran out while it still passed: its
+    # capacity may lie anywhere above what it passed.
+    marks = interleaved([Arm(0, None), Arm(1, 3)], 2, run=1)
+
+    def launches(open_launch: int) -> list[StoredTrial]:
+        return [_trial(number, mark, TrialState.COMPLETE, rps, None if number == open_launch else rps * 1.1)
+                for number, mark, rps in zip((6, 7, 8, 9), marks, (16.32, 20.98, 16.32, 20.98))]
+
+    (default_open,) = validations(launches(8), searched=True, resolution=0.1)
+    gain = default_open.gain
+    assert gain.low == 0 and gain.high == pytest.approx(1.286 * 1.1, abs=0.001)
+    assert default_open.keep_default and default_open.sentence() == (
+        "vLLM's default is within noise of the best configuration found (trial 3: x1.29, 95% CI 0-1.41, 2 repeats "
+        "each): keep it")
+    (finalist_open,) = validations(launches(9), searched=True, resolution=0.1)
+    gain = finalist_open.gain
+    assert gain.low == pytest.approx(1.286 / 1.1, abs=0.001) and math.isinf(gain.high)
+    assert not finalist_open.keep_default and gain.text() == "x1.29, 95% CI 1.17 or more, 2 repeats each"
+    assert gain.to_dict()["high"] is None
+    assert finalist_open.to_dict()["arms"][1]["brackets"] == [pytest.approx(0.1), None]
