@@ -85,8 +85,8 @@ def gain_interval(values: Sequence[float], reference: Sequence[float], resolutio
     """How much more `values` carries than `reference` (every value above 0, at least 2 of each): the ratio of
     geometric means and its Welch t-interval on the logs, widened where narrower to the measurement's
     `resolution` (a load search tells apart no capacities within its precision: 0.1 = 10%), which repeats that
-    happen to agree cannot make finer. `brackets`: how far above its value each side's capacity may lie (the
-    widest of its launches' brackets, 0.42 for a search that passed 16.3 req/s and failed 23.1; infinite where no
+    happen to agree cannot make finer. `brackets`: how far above the geometric mean of its values each side's
+    may lie (`ArmResult.bracket`: 0.42 for searches that passed 16.3 req/s and failed 23.1; infinite where no
     load above a capacity failed): a search whose probes ran out before its precision leaves the capacity
     anywhere in its bracket, so the gain's low end takes the reference's bracket (down to 0 for an open one) and
     its high end the compared side's (up to infinity)."""
@@ -124,9 +124,13 @@ class ArmResult:
     brackets: tuple[float, ...] = ()
 
     @property
-    def widest_bracket(self) -> float:
-        """The widest of the arm's launches' brackets (0 without any)."""
-        return max(self.brackets, default=0.0)
+    def bracket(self) -> float:
+        """How far above the geometric mean of its values the arm's may lie: each launch's capacity lies anywhere in
+        its own bracket, so their geometric mean within the geometric mean of the launches' 1 + bracket, less 1
+        (0 without any; infinite when one is open)."""
+        if not self.brackets:
+            return 0.0
+        return math.exp(statistics.fmean(math.log1p(b) for b in self.brackets)) - 1
 
     @property
     def median(self) -> float | None:
@@ -192,7 +196,7 @@ class Validation:
         a, b = self.finalist, self.default
         if not (a.carried_every_time and b.carried_every_time and len(a.values) >= 2 and len(b.values) >= 2):
             return None
-        return gain_interval(a.values, b.values, self.resolution, (a.widest_bracket, b.widest_bracket))
+        return gain_interval(a.values, b.values, self.resolution, (a.bracket, b.bracket))
 
     @property
     def keep_default(self) -> bool:

@@ -165,6 +165,14 @@ def test_a_gain_inside_the_defaults_wide_bracket_keeps_the_default():
               for t, rps in zip(trials, (16.32, 20.98, 16.32, 20.98))]
     (told,) = validations(narrow, searched=True, resolution=0.1)
     assert not told.keep_default and told.gain.low == pytest.approx(1.286 / 1.1, abs=0.001)
+    # One wide launch among narrow ones widens by the launches' geometric mean, as the gain is one of capacities:
+    # the default's capacities lie within 41% and 10% above their values, so their geometric mean within 25%, and
+    # trial 3's (21.0, within 10%) stays above it.
+    one_wide = [dataclasses.replace(narrow[0], score=trials[0].score), *narrow[1:]]
+    (mixed,) = validations(one_wide, searched=True, resolution=0.1)
+    widened = (23.08 / 16.32 * 1.1) ** 0.5
+    assert mixed.default.bracket == pytest.approx(widened - 1)
+    assert mixed.gain.low == pytest.approx(20.98 / 16.32 / widened) and not mixed.keep_default
 
 
 def test_a_capacity_no_failing_load_bounded_leaves_its_side_of_the_interval_open():
