@@ -260,15 +260,8 @@ def test_a_validation_launch_probes_its_earlier_capacity_then_the_step_beside_it
     # As found before: passes there, fails one step above, and the bracket is settled in two probes.
     assert search._next([(1.0, True), (6.0, True)], None) == pytest.approx(7.5)
     assert search._next([(1.0, True), (6.0, True), (7.5, False)], None) is None
-    # Carries more this time: up from the step above, twice as far from the start each time (1, 2, 4 steps of
-    # 25%), not by doubling the load past it, then bisection once a load fails.
-    assert search._next([(1.0, True), (6.0, True), (7.5, True)], None) == pytest.approx(6.0 * 1.25 ** 2)
-    climbed = [(1.0, True), (6.0, True), (7.5, True), (6.0 * 1.25 ** 2, True)]
-    assert search._next(climbed, None) == pytest.approx(6.0 * 1.25 ** 4)
-    assert search._next([*climbed, (6.0 * 1.25 ** 4, False)], None) == pytest.approx(6.0 * 1.25 ** 3)
-    capped = LoadSearch(LoadPolicy(precision=0.25, max_factor=8.0), LIFTED, start_factor=6.0)
-    assert capped._next([(1.0, True), (6.0, True), (7.5, True)], None) == 8.0  # never past the load range
-    assert capped._next([(1.0, True), (6.0, True), (7.5, True), (8.0, True)], None) is None
+    # Carries more this time: up from the step above, by doubling as usual.
+    assert search._next([(1.0, True), (6.0, True), (7.5, True)], None) == 15.0
     # Carries less: one step below, then bisection between the reference and what failed.
     assert search._next([(1.0, True), (6.0, False)], None) == pytest.approx(4.8)
     assert search._next([(1.0, True), (6.0, False), (4.8, True)], None) is None
@@ -285,6 +278,15 @@ def test_a_start_outside_the_bracket_or_the_load_range_is_not_probed():
     assert search._next([(1.0, True)], None) == 2.0  # beyond the range: the usual doubling
     inside = LoadSearch(LoadPolicy(), LIFTED, start_factor=3.0)
     assert inside._next([(1.0, True), (2.0, False)], None) == pytest.approx(2 ** 0.5)  # already above what failed
+
+
+def test_a_validation_launch_may_spend_twice_the_probe_budget():
+    policy = LoadPolicy(probe_budget=2)
+    assert policy.for_launch(validation=False) is policy
+    assert policy.for_launch(validation=True) == LoadPolicy(probe_budget=4)
+    runs = [_run(_records(100, 0.1, 0.5), 1.0), _run(_records(100, 0.05, 0.5), 2.0, 1)]
+    assert LoadSearch(policy, LIFTED).next_factor(runs) is None  # the study's budget spent
+    assert LoadSearch(policy.for_launch(validation=True), LIFTED).next_factor(runs) == 4.0
 
 
 def test_the_probe_budget_and_the_load_range_bound_the_search():

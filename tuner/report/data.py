@@ -143,7 +143,8 @@ class ReportData:
             return t.scored.capacity
         if not t.probes:
             return None
-        return capacity_of(t.probes, self.settings.load, self.settings.trace_selection.rate_scale or 1.0)
+        return capacity_of(t.probes, self.settings.load.for_launch(t.validation is not None),
+                           self.settings.trace_selection.rate_scale or 1.0)
 
     @cached_property
     def pareto(self) -> frozenset[int]:

@@ -359,8 +359,8 @@ class StudyRunner:
                          startup_timeout_s=self.settings.startup_timeout_s,
                          request_timeout_s=self.settings.request_timeout_s,
                          stop_rule=BoundaryWatch(self.ctx.boundary) if self.prune and not whole else None,
-                         load=self.settings.load.plan(self.ctx.boundary, best_factor=best[0],
-                                                      below_reference=whole, start_factor=start))
+                         load=self.settings.load.for_launch(mark is not None).plan(
+                             self.ctx.boundary, best_factor=best[0], below_reference=whole, start_factor=start))
         # If this driver dies, the heartbeats stop and the next driver re-runs this configuration.
         beat = _Heartbeat(self.storage, trial._trial_id, self.plan.heartbeat_interval_s)
         started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
@@ -483,7 +483,8 @@ class StudyRunner:
             if self.settings.load.mode == "search" else []
         capacity = None
         if judged:
-            capacity = capacity_of(judged, self.settings.load, self.ctx.selection.rate_scale or 1.0, *best_capacity)
+            capacity = capacity_of(judged, self.settings.load.for_launch(_mark(trial) is not None),
+                                   self.ctx.selection.rate_scale or 1.0, *best_capacity)
             trial.set_user_attr("capacity_rps", capacity.rps)
             trial.set_user_attr("capacity_search", capacity.ended)
         if record.failure is not None:
