@@ -19,12 +19,15 @@ from tuner.storage import (Repository, StoredTrial, VERSION_TABLE, alembic_confi
                            attach_trial_artifacts, default_artifact_dir, default_storage_url, redact_url,
                            trial_artifacts)
 from tuner.storage.schema import Base, ScheduleRunRow, TraceRow, include_name
+from tuner.capacity import JudgedProbe, Verdict
 from tuner.errors import TunerError
 from tuner.scoring import Rejection, Score
 from tuner.traces.records import Trace, TraceFit, TraceRequest, Transformation
 from tuner.traces.stats import trace_stats
 from tuner.workers.engine_config import EngineConfig
 from tuner.workers.failures import FailureClass, classify_failure
+from tuner.workers.measure import Pace
+from tuner.workers.probes import Probe
 from tuner.workers.trial import TrialRecord
 
 from factories import request_records, study_settings, trial_record
@@ -191,6 +194,22 @@ def test_trial_with_requests_and_failure_round_trips(repo):
                        "message": trial.failure_message, "exit_code": -9, "log_excerpt": trial.log_excerpt,
                        "estimated_max_model_len": None}
     assert "worker killed" in failure["log_excerpt"]
+
+
+def test_a_probes_pace_with_its_carried_share_round_trips(repo):
+    # The pace rule reads the carried share; it must come back from the database as the worker measured it.
+    repo.save_study(study_settings())
+    pace = Pace(window_s=12.0, steady_arrivals=200, steady_completed=174, drain_s=6.5, e2e_trend=1.4, lag_s=2.5,
+                carried_share=0.87)
+    record = trial_record(request_records(5), died=False)
+    record = replace(record, measurement=replace(record.measurement, pace=pace))
+    probe = JudgedProbe(Probe(0, 1.0, 1000, 5, record.measurement), Verdict.FAIL,
+                        ["did not keep up: in a span as long as one copy of the trace, it served 87%"])
+    trial = stored(record, probes=[probe])
+    repo.save_trial(trial, [])
+    [back] = repo.trials("s1")
+    assert back.measurement.pace == pace and back.probes == [probe]
+    assert back.probes[0].probe.measurement.pace.carried_share == 0.87
 
 
 def test_a_trials_fit_to_its_context_is_stored_and_read_back(repo):
