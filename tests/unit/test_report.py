@@ -519,7 +519,9 @@ def test_one_gain_sentence_for_the_report_and_the_command_line():
             expected = validated.sentence() if validation else cli_text
             # No gain is ever stated without its interval: only the validated sentence has a ratio.
             assert ("x1." in expected) == (validation is not None)
-            assert case.gain_sentence(report=True) == f"{expected[0].upper()}{expected[1:]}."
+            # The report's is a sentence: a capital first, but vLLM keeps its own case.
+            capital = expected if expected.startswith("vLLM") else f"{expected[0].upper()}{expected[1:]}"
+            assert case.gain_sentence(report=True) == f"{capital}."
             # The command line states the service's answer, read back from JSON.
             answer = RecommendationAnswer.model_validate_json(
                 RecommendationAnswer.model_validate(recommendation_dict(case, data.settings)).model_dump_json())
@@ -527,6 +529,8 @@ def test_one_gain_sentence_for_the_report_and_the_command_line():
                                  answer.trial) == expected == case.gain_sentence()
     assert validated.sentence() == ("trial 3 carries more than vLLM's default (x1.43, 95% CI 1.08-1.89, 2 repeats "
                                     "each): recommended")
+    unrun = replace(rec, baseline=None, validation=None).gain_sentence(report=True)
+    assert unrun == "vLLM's default configuration was not run in this study; not validated."
 
 
 @pytest.mark.parametrize("source, shown", [

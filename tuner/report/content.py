@@ -19,7 +19,7 @@ from tuner.report.data import ReportData
 from tuner.scoring import Capacity
 from tuner.storage import StoredTrial, StudySettings, TrialState
 from tuner.traces.records import TraceFit
-from tuner.study.recommendation import capacity_sentence
+from tuner.study.recommendation import as_sentence, capacity_sentence
 from tuner.workers.measure import Measurement
 
 DEFAULT_LABEL = "vLLM default"
@@ -288,7 +288,7 @@ def recommendation_lines(data: ReportData) -> list[str]:
         lines.append(f"It {capacity_sentence(t.scored.capacity, t.scored.e2e_p95_s, m.offered_rps)}.")
     shortfall = rec.shortfall()
     if shortfall:
-        lines.append(f"{shortfall[0].upper()}{shortfall[1:]}.")
+        lines.append(as_sentence(shortfall))
     default = rec.baseline
     base = default.scored if default is not None and default.trial_number != t.trial_number else None
     if default is not None and base is not None and base.capacity is not None:

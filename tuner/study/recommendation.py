@@ -113,7 +113,14 @@ def gain_sentence(default: ComparedDefault | None, validated: str | None, recomm
         broke = "" if default.feasible else ", and the default broke the boundary at your traffic"
         text = (f"against vLLM's default configuration (trial {default.trial}): not validated, each was measured "
                 f"once{broke}; `tuner study validate` states the gain with its interval")
-    return f"{text[0].upper()}{text[1:]}." if report else text
+    return as_sentence(text) if report else text
+
+
+def as_sentence(clause: str) -> str:
+    """A clause as a sentence: a capital first, but vLLM keeps its own case ("VLLM's default" is no name), and a
+    full stop."""
+    first = clause[0] if clause.startswith("vLLM") else clause[0].upper()
+    return f"{first}{clause[1:]}."
 
 
 def capacity_sentence(capacity: Capacity, e2e_p95_s: float, reference_rps: float | None) -> str:
