@@ -238,6 +238,22 @@ class Validation:
                     f"{gain.text()}): keep it")
         return f"vLLM's default is within noise of the best configuration found ({f.arm.label}: {gain.text()}): keep it"
 
+    def launches_text(self) -> str:
+        """What each arm carried launch by launch and, after a load search, the lowest load above each that did not
+        pass: `launch by launch, in req/s within the boundary (the lowest load above that failed): vLLM's default
+        16.3 (23.1), 16.3 (23.1); trial 3 21 (23.1), 21 (23.1)`. It says where the verdict's interval comes from
+        when it is wider than the repeats' spread."""
+        def launch(value: float, bracket: float) -> str:
+            if math.isinf(bracket):
+                return f"{value:.3g} (none failed)"
+            return f"{value:.3g} ({value * (1 + bracket):.3g})" if bracket > 0 else f"{value:.3g}"
+
+        arms = "; ".join(f"{a.arm.label} " + ", ".join(launch(v, b) for v, b in zip(a.values, a.brackets or
+                                                                                     (0.0,) * len(a.values)))
+                         for a in self.arms)
+        edges = " (the lowest load above that failed)" if any(b for a in self.arms for b in a.brackets) else ""
+        return f"launch by launch, in {self.unit}{edges}: {arms}"
+
     def to_dict(self) -> dict[str, Any]:
         """For programs: the arms, the order, the gain with its interval, and the verdict."""
         gain = self.gain

@@ -427,6 +427,16 @@ def test_the_report_of_a_search_states_each_capacity_in_words_side_by_side_and_p
                        "vLLM's default configuration (trial 0) carries 4.53 req/s (x283 the trace's rate) within "
                        "the boundary; at your traffic p95 end-to-end is 3 s."]
     assert "spread" not in lines[2]  # a selection's unset switch is not worth a word
+    # Once validated, the search's figure is said to be the search's, and the launches follow the verdict: where a
+    # capacity in the search and in fresh launches differ, the reader sees both.
+    from tuner.validation import Arm, ArmResult, Validation
+    validated = Validation(1, 2, (ArmResult(Arm(0, None), (6, 8), (5.1, 5.1), brackets=(0.5, 0.5)),
+                                  ArmResult(Arm(1, 3), (7, 9), (7.6, 8.0), brackets=(0.1, 0.1))), (6, 7, 8, 9),
+                           "req/s within the boundary", 0.1)
+    lines = recommendation_lines(replace(data, recommendation=replace(data.recommendation, validation=validated)))
+    assert lines[4].startswith("In the search, it carries 7.62 req/s (x476 the trace's rate) within the boundary")
+    assert lines[-1] == ("Launch by launch, in req/s within the boundary (the lowest load above that failed): "
+                         "vLLM's default 5.1 (7.65), 5.1 (7.65); trial 3 7.6 (8.36), 8 (8.8).")
     rows = {what: (a, b, change) for what, a, b, change in side_by_side(data)}
     assert rows["capacity within the boundary"] == ("4.53 req/s (x283 the trace's rate)",
                                                     "7.62 req/s (x476 the trace's rate)", "+68%")

@@ -196,3 +196,17 @@ def test_a_capacity_no_failing_load_bounded_leaves_its_side_of_the_interval_open
     assert not finalist_open.keep_default and gain.text() == "x1.29, 95% CI 1.17 or more, 2 repeats each"
     assert gain.to_dict()["high"] is None
     assert finalist_open.to_dict()["arms"][1]["brackets"] == [pytest.approx(0.1), None]
+
+
+def test_the_launches_are_told_one_by_one_with_where_each_bracket_ended():
+    marks = interleaved([Arm(0, None), Arm(1, 3)], 2, run=1)
+    edges = (23.08, 23.08, None, 23.08)  # the default's second launch passed every load it probed
+    trials = [_trial(number, mark, TrialState.COMPLETE, rps, edge)
+              for number, mark, rps, edge in zip((6, 7, 8, 9), marks, (16.32, 20.98, 16.32, 20.98), edges)]
+    (v,) = validations(trials, searched=True, resolution=0.1)
+    assert v.launches_text() == ("launch by launch, in req/s within the boundary (the lowest load above that "
+                                 "failed): vLLM's default 16.3 (23.1), 16.3 (none failed); trial 3 21 (23.1), 21 "
+                                 "(23.1)")
+    # At a fixed load there is no bracket to tell.
+    assert _validation((2.0, 2.1), (2.9, 3.1)).launches_text() == (
+        "launch by launch, in req/s within the boundary: vLLM's default 2, 2.1; trial 3 2.9, 3.1")

@@ -284,8 +284,9 @@ def recommendation_lines(data: ReportData) -> list[str]:
              f"p95 TTFT {number_text(m.ttft_s.p95)} s, p95 end-to-end {t.scored.e2e_p95_s:.3f} s, "
              f"{m.preemptions} preemptions."]
     # After a load search, what each carries within the boundary: the objective the study ranked them by.
-    if t.scored.capacity is not None:
-        lines.append(f"It {capacity_sentence(t.scored.capacity, t.scored.e2e_p95_s, m.offered_rps)}.")
+    if t.scored.capacity is not None:  # as the search found it; the validation's launches follow the verdict
+        subject = "In the search, it" if rec.validation is not None else "It"
+        lines.append(f"{subject} {capacity_sentence(t.scored.capacity, t.scored.e2e_p95_s, m.offered_rps)}.")
     shortfall = rec.shortfall()
     if shortfall:
         lines.append(as_sentence(shortfall))
@@ -295,6 +296,8 @@ def recommendation_lines(data: ReportData) -> list[str]:
         lines.append(f"vLLM's default configuration (trial {default.trial_number}) "
                      f"{capacity_sentence(base.capacity, base.e2e_p95_s, m.offered_rps)}.")
     lines.append(rec.gain_sentence(report=True))
+    if rec.validation is not None:
+        lines.append(as_sentence(rec.validation.launches_text()))
     return lines
 
 
