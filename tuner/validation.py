@@ -148,6 +148,17 @@ class ArmResult:
                 "values": list(self.values), "median": self.median, "failures": list(self.failures),
                 "brackets": [None if math.isinf(b) else b for b in self.brackets]}
 
+    def launches_text(self) -> str:
+        """Its launches' values, each with the lowest load above it that did not pass where its search found one:
+        `16.3 (23.1), 16.3 (none failed)`."""
+        def launch(value: float, bracket: float) -> str:
+            if math.isinf(bracket):
+                return f"{value:.3g} (none failed)"
+            return f"{value:.3g} ({value * (1 + bracket):.3g})" if bracket > 0 else f"{value:.3g}"
+
+        brackets = self.brackets or (0.0,) * len(self.values)
+        return ", ".join(launch(v, b) for v, b in zip(self.values, brackets))
+
     def nothing_carried(self) -> str:
         """How often it carried no load, and why where a launch failed: `trial 3 carried no load within the
         boundary in 1 of 2 launches, of which 1 failed: startup_timeout`."""
@@ -240,18 +251,12 @@ class Validation:
 
     def launches_text(self) -> str:
         """What each arm carried launch by launch and, after a load search, the lowest load above each that did not
-        pass: `launch by launch, in req/s within the boundary (the lowest load above that failed): vLLM's default
-        16.3 (23.1), 16.3 (23.1); trial 3 21 (23.1), 21 (23.1)`. It says where the verdict's interval comes from
-        when it is wider than the repeats' spread."""
-        def launch(value: float, bracket: float) -> str:
-            if math.isinf(bracket):
-                return f"{value:.3g} (none failed)"
-            return f"{value:.3g} ({value * (1 + bracket):.3g})" if bracket > 0 else f"{value:.3g}"
-
-        arms = "; ".join(f"{a.arm.label} " + ", ".join(launch(v, b) for v, b in zip(a.values, a.brackets or
-                                                                                     (0.0,) * len(a.values)))
-                         for a in self.arms)
-        edges = " (the lowest load above that failed)" if any(b for a in self.arms for b in a.brackets) else ""
+        pass: `launch by launch, in req/s within the boundary, each with the lowest load above it that did not pass:
+        vLLM's default 16.3 (23.1), 16.3 (23.1); trial 3 21 (23.1), 21 (23.1)`. It shows where the verdict's
+        interval comes from when it is wider than the repeats' spread."""
+        edges = ", each with the lowest load above it that did not pass" if any(
+            b for a in self.arms for b in a.brackets) else ""
+        arms = "; ".join(f"{a.arm.label} {a.launches_text()}" for a in self.arms)
         return f"launch by launch, in {self.unit}{edges}: {arms}"
 
     def to_dict(self) -> dict[str, Any]:

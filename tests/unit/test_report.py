@@ -435,8 +435,8 @@ def test_the_report_of_a_search_states_each_capacity_in_words_side_by_side_and_p
                            "req/s within the boundary", 0.1)
     lines = recommendation_lines(replace(data, recommendation=replace(data.recommendation, validation=validated)))
     assert lines[4].startswith("In the search, it carries 7.62 req/s (x476 the trace's rate) within the boundary")
-    assert lines[-1] == ("Launch by launch, in req/s within the boundary (the lowest load above that failed): "
-                         "vLLM's default 5.1 (7.65), 5.1 (7.65); trial 3 7.6 (8.36), 8 (8.8).")
+    assert lines[-1] == ("Launch by launch, in req/s within the boundary, each with the lowest load above it that did "
+                         "not pass: vLLM's default 5.1 (7.65), 5.1 (7.65); trial 3 7.6 (8.36), 8 (8.8).")
     rows = {what: (a, b, change) for what, a, b, change in side_by_side(data)}
     assert rows["capacity within the boundary"] == ("4.53 req/s (x283 the trace's rate)",
                                                     "7.62 req/s (x476 the trace's rate)", "+68%")

@@ -204,9 +204,9 @@ def test_the_launches_are_told_one_by_one_with_where_each_bracket_ended():
     trials = [_trial(number, mark, TrialState.COMPLETE, rps, edge)
               for number, mark, rps, edge in zip((6, 7, 8, 9), marks, (16.32, 20.98, 16.32, 20.98), edges)]
     (v,) = validations(trials, searched=True, resolution=0.1)
-    assert v.launches_text() == ("launch by launch, in req/s within the boundary (the lowest load above that "
-                                 "failed): vLLM's default 16.3 (23.1), 16.3 (none failed); trial 3 21 (23.1), 21 "
-                                 "(23.1)")
+    assert v.launches_text() == ("launch by launch, in req/s within the boundary, each with the lowest load above "
+                                 "it that did not pass: vLLM's default 16.3 (23.1), 16.3 (none failed); trial 3 21 "
+                                 "(23.1), 21 (23.1)")
     # At a fixed load there is no bracket to tell.
     assert _validation((2.0, 2.1), (2.9, 3.1)).launches_text() == (
         "launch by launch, in req/s within the boundary: vLLM's default 2, 2.1; trial 3 2.9, 3.1")
