@@ -9,6 +9,7 @@ served is not scored at all: it is a failed trial with its failure class.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
@@ -132,6 +133,15 @@ class Capacity:
     edge_rps: float | None  # the lowest load above it that did not pass (failed or inconclusive)
     probes: int
     ended: str  # why the search ended, for people
+
+    @property
+    def bracket(self) -> float:
+        """How far above the capacity the lowest load that did not pass lay (edge / capacity - 1): where in it the
+        true capacity lies the probes cannot tell. Infinite where no load above it failed (its probes or the load
+        range ran out while it still passed); 0 where no probe passed."""
+        if not self.rps:
+            return 0.0
+        return math.inf if self.edge_rps is None else self.edge_rps / self.rps - 1
 
     def to_dict(self) -> dict[str, Any]:
         """As stored."""

@@ -284,13 +284,10 @@ def launch_value(trial: StoredTrial, searched: bool) -> float | None:
 
 
 def launch_bracket(trial: StoredTrial) -> float:
-    """How far above a searched launch's capacity its bracket reached: the first load above it that did not pass,
-    over it, less 1; infinite where no load above it failed (its probes ran out, or the load range did, while it
-    still passed: it may carry any load above); 0 where it carried none, or did not search."""
+    """How far above a searched launch's capacity its bracket reached (`Capacity.bracket`); 0 where it did not
+    search."""
     capacity = trial.scored.capacity if trial.scored is not None else None
-    if capacity is None or not capacity.rps:
-        return 0.0
-    return math.inf if capacity.edge_rps is None else capacity.edge_rps / capacity.rps - 1
+    return capacity.bracket if capacity is not None else 0.0
 
 
 def validations(trials: Sequence[StoredTrial], searched: bool, resolution: float = 0.0) -> list[Validation]:
