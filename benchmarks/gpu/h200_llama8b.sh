@@ -15,17 +15,11 @@
 # machine stays warm; each call waits at most WAIT_S seconds (default 300, the most a machine taken back loses),
 # then leaves everything so far in $OUT/h200-llama8b.tar.gz. TRIALS: trials the study runs (default 5, vLLM's
 # default among them).
-# A machine can be taken back mid-run (seen on 2026-12-05): put the last tarball that came back into .gpu-state/
-# and carry that folder too; a fresh machine of the same GPU model then goes on with the study where it stopped
-# (a trial cut off is re-run). The study is named for the GPU model, so an H100 and an H200 never share one.
-# A validation cut off leaves its remaining launches queued in the study: `wait` after carrying the state back does
-# not run them; `python3 -m tuner study run NAME --trials K --no-validate` (K launches left) does, in their order.
+# A machine taken back mid-run: benchmarks/gpu/common.sh says how the study goes on on another.
 set -euo pipefail
-phase=$1
-[ -d /tmp/site/vllm ] || bash /tmp/stage/install.sh >/dev/null
-export PYTHONPATH=/tmp/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 TUNER_HOME=/tmp/tuner-home PYTHONUNBUFFERED=1
-export TUNER_STORAGE=sqlite:////tmp/tuner-home/h200.db TUNER_ARTIFACTS=/tmp/tuner-home/artifacts
-gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)
+phase=$1 tag=h200-llama8b db=h200.db
+# shellcheck source=benchmarks/gpu/common.sh
+source "$(dirname "$0")/common.sh"
 case $gpu in
   # The reference load: the first 300 requests of the bundled cut at this many times their recorded rate
   # (3.57 req/s), where vLLM's default is busy but inside the boundary. On an H100 it carried 13.8 req/s
@@ -34,35 +28,9 @@ case $gpu in
   *) name=h200-llama8b-prod scale=${RATE_SCALE:-5} ;;
 esac
 model=/tmp/models/llama-3.1-8b
-tuner() { python3 -m tuner "$@"; }
-home=/tmp/tuner-home out=/tmp/tuner-home/out
-if [ ! -e "$home/h200.db" ] && [ -f .gpu-state/h200-llama8b.tar.gz ]; then
-  mkdir -p "$home" && tar -xzf .gpu-state/h200-llama8b.tar.gz -C "$home"
-  grep -q "$gpu" "$home/out/nvidia-smi.csv" || { echo "the carried study ran on another GPU model" >&2; exit 2; }
-fi
-mkdir -p "$out"
-pack() {
-  tuner study status "$name" --json > "$out/status.json" 2>/dev/null || true
-  tuner study best "$name" > "$out/best.txt" 2>&1 || true
-  tuner study best "$name" --json > "$out/best.json" 2>/dev/null || true
-  tuner study export "$name" --out "$out/export.json" >/dev/null 2>&1 || true
-  tar -czf "${OUT:-/tmp}/h200-llama8b.tar.gz" -C "$home" h200.db out artifacts/trials 2>/dev/null || true
-}
-trap pack EXIT
-# In the background, in its own session: outlives this call while the machine stays warm.
-detach() { setsid nohup "$@" < /dev/null & echo $! > "$home/running.pid"; }
-wait_running() {
-  local deadline=$((SECONDS + ${WAIT_S:-300})) pid
-  pid=$(cat "$home/running.pid" 2>/dev/null) || return 0
-  while kill -0 "$pid" 2>/dev/null && ((SECONDS < deadline)); do sleep 5; done
-  if kill -0 "$pid" 2>/dev/null; then echo "still running"; else echo "finished"; fi
-  tail -n 5 "$out"/*.log 2>/dev/null || true
-}
 case $phase in
   study|all)
-    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$out/nvidia-smi.csv"
-    setsid nohup nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv -l 5 \
-      >> "$out/gpu-use.csv" 2>/dev/null < /dev/null &
+    watch_gpu
     tuner model arch llama-3.1-8b "$model"
     # Probes of at least 8 s (300 requests at the reference load) keep a trial to minutes.
     tuner study status "$name" > /dev/null 2>&1 ||
@@ -77,9 +45,7 @@ case $phase in
     wait_running
     ;;
   validate)
-    detach bash -c "python3 -m tuner study validate $name --repeats 2 --json \
-      > $out/validate.json 2> $out/validate.log"
-    wait_running
+    validate_study
     ;;
   wait)
     wait_running
