@@ -237,7 +237,8 @@ def run_compare(*, model: Path, trace_path: Path, selection: TraceSelection, var
             reference_scale = (selection.rate_scale or 1.0) * (variation.values[i] if variation.name == "rate_scale"
                                                                else 1.0)
             capacity = capacity_of(judged, policy, reference_scale)
-        scored = score(m, boundary, trace.span_s, capacity) if boundary is not None and failure is None else None
+        scored = score(m, boundary, trace.span_s, capacity, whole_share=trace.whole_share) \
+            if boundary is not None and failure is None else None
         run = CompareRun(label, variation.values[i], m, failure, failure_class, scored, record, run_dir, judged,
                          capacity)
         result.runs.append(run)

@@ -164,6 +164,9 @@ class Score:
     constraints: dict[str, float]  # each <= 0 when met: the measured figure minus its limit
     violations: list[str]  # the same, for people
     capacity: Capacity | None = None  # found by a load search; None for a trial at a fixed load
+    # The share of the trace's requests replayed at their recorded lengths. The rest were clipped or scaled to the
+    # engine's max_model_len: vLLM refuses such a prompt, so the traffic carried whole is that share of the load.
+    whole_share: float = 1.0
 
     @property
     def feasible(self) -> bool:
@@ -171,12 +174,17 @@ class Score:
         return not self.violations
 
     @property
+    def carried_rps(self) -> float:
+        """The traffic it carries whole: its capacity (at a fixed load, its completed req/s) times `whole_share`,
+        so that a max_model_len which clips half the prompts does not pass for twice the capacity."""
+        carried = (self.capacity.rps or 0.0) if self.capacity is not None else self.completed_rps
+        return carried * self.whole_share
+
+    @property
     def objectives(self) -> tuple[float, float]:
-        """What Optuna is told: the capacity (or, at a fixed load, the completed req/s) and the p95 end-to-end
-        latency at the reference load."""
-        if self.capacity is not None:
-            return self.capacity.rps or 0.0, self.e2e_p95_s
-        return self.completed_rps, self.e2e_p95_s
+        """What Optuna is told: the traffic carried whole (`carried_rps`) and the p95 end-to-end latency at the
+        reference load."""
+        return self.carried_rps, self.e2e_p95_s
 
     def to_dict(self) -> dict:
         """As stored (the trial's `score` column), with `feasible` added; from_dict reads it back."""
@@ -301,10 +309,11 @@ def pace_undecided(pace: Pace | None) -> str | None:
 
 
 def score(measurement: Measurement, bound: Boundary, trace_span_s: float, capacity: Capacity | None = None, *,
-          judge_pace: bool = False) -> Score:
+          judge_pace: bool = False, whole_share: float = 1.0) -> Score:
     """Score a trial that served (measurement.e2e_s.p95 is set: at least one request finished) by its measurement
-    at the reference load and, after a load search, its capacity. With `judge_pace`, an engine that did not keep
-    up with the arrivals breaks the boundary too (a load search judges it so; a fixed load never did)."""
+    at the reference load and, after a load search, its capacity; `whole_share` of its trace's requests kept their
+    recorded lengths (Score.whole_share). With `judge_pace`, an engine that did not keep up with the arrivals breaks
+    the boundary too (a load search judges it so; a fixed load never did)."""
     if measurement.e2e_s.p95 is None:
         raise ValueError("a trial in which no request finished has no score")
     ratio = measurement.completed / measurement.requests if measurement.requests else 0.0
@@ -333,4 +342,4 @@ def score(measurement: Measurement, bound: Boundary, trace_span_s: float, capaci
         constraints["kept_up"] = 1.0 if behind else -1.0
         violations.extend(behind)
     return Score(measurement.completed_rps, measurement.e2e_s.p95, measurement.output_tps, ratio,
-                 constraints, violations, capacity)
+                 constraints, violations, capacity, whole_share)

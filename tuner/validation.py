@@ -270,17 +270,18 @@ class Validation:
 
 
 def launch_value(trial: StoredTrial, searched: bool) -> float | None:
-    """What one validation launch carried: after a load search its capacity (0 when no load passed), at a fixed
-    load its completed req/s when within the boundary (else 0); 0 for a launch that failed; None for one that did
-    not finish (stopped, lost: it is run again)."""
+    """What one validation launch carried whole (`Score.carried_rps`): after a load search its capacity (0 when no
+    load passed), at a fixed load its completed req/s when within the boundary (else 0), either times the share of
+    requests its max_model_len left whole; 0 for a launch that failed; None for one that did not finish (stopped,
+    lost: it is run again)."""
     if trial.state is TrialState.FAILED:
         return 0.0
     score = trial.scored
     if trial.state is not TrialState.COMPLETE or score is None:
         return None
     if searched:
-        return score.capacity.rps or 0.0 if score.capacity is not None else 0.0
-    return score.completed_rps if score.feasible else 0.0
+        return score.carried_rps if score.capacity is not None else 0.0
+    return score.carried_rps if score.feasible else 0.0
 
 
 def launch_bracket(trial: StoredTrial) -> float:

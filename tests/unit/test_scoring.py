@@ -10,7 +10,8 @@ import pytest
 from tuner.errors import TunerError
 from tuner.pruning import BoundaryWatch
 from tuner.traces.stats import percentile
-from tuner.scoring import BOUNDARIES, boundary, parse_limits, score
+from tuner.scoring import BOUNDARIES, Capacity, Score, boundary, parse_limits, score
+from tuner.study.recommendation import capacity_sentence
 from tuner.workers.measure import Measurement, measure
 from tuner.workers.replay import InFlight, LiveReplay, Outcome, ReplayResult, RequestRecord
 
@@ -31,6 +32,23 @@ def test_score_objectives_and_constraints():
     assert s.constraints["e2e_p95_s"] == pytest.approx(s.e2e_p95_s - 30.0)
     assert s.constraints["completion_ratio"] == pytest.approx(0.99 - 1.0)
     assert s.feasible == (s.e2e_p95_s <= 30.0)
+
+
+def test_a_context_that_clips_half_the_requests_carries_half_its_capacity_whole():
+    # Each capacity stands for loads probed with the clipped prompts; vLLM would refuse the prompts clipped here, so
+    # the study ranks by, and the answer states, the traffic carried whole.
+    capacity = Capacity(4.0, 2.0, 0.5, 4.4, 4, "bracket within 10%")
+    m = _measurement([1.0] * 20)
+    whole = score(m, boundary("long-prompt"), 10.0, capacity)
+    halved = score(m, boundary("long-prompt"), 10.0, capacity, whole_share=0.5)
+    assert whole.objectives[0] == pytest.approx(4.0) and halved.objectives[0] == pytest.approx(2.0)
+    assert Score.from_dict(halved.to_dict()) == halved
+    assert "whole" not in capacity_sentence(whole, 2.0)
+    assert capacity_sentence(halved, 2.0).startswith(
+        "carries 4 req/s (x0.5 the trace's rate) within the boundary, 2 req/s of it whole (50% of the requests were "
+        "clipped to its max_model_len, which vLLM would refuse)")
+    fixed = score(m, boundary("long-prompt"), 10.0, whole_share=0.75)  # at a fixed load: the completed req/s
+    assert fixed.carried_rps == pytest.approx(0.75 * fixed.completed_rps)
 
 
 def test_failures_break_the_completion_limit():

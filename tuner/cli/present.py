@@ -145,14 +145,13 @@ def print_recommendation(rec: RecommendationAnswer) -> None:
     if score.capacity is not None:
         # The same traffic for every trial of a study: the reference load is the recommendation's.
         traffic = m.offered_rps
-        out.print(f"it {capacity_sentence(score.capacity, score.e2e_p95_s, traffic)}", highlight=False,
-                  soft_wrap=True)
+        out.print(f"it {capacity_sentence(score, traffic)}", highlight=False, soft_wrap=True)
         if rec.shortfall:
             out.print(Text(rec.shortfall, style="bold"), highlight=False, soft_wrap=True)
         base = Score.from_dict(rec.baseline.scored.to_dict()) if rec.baseline and rec.baseline.scored else None
         if base is not None and base.capacity is not None and rec.baseline.trial != rec.trial:
             out.print(f"vLLM's default configuration (trial {rec.baseline.trial}) "
-                      f"{capacity_sentence(base.capacity, base.e2e_p95_s, traffic)}", highlight=False, soft_wrap=True)
+                      f"{capacity_sentence(base, traffic)}", highlight=False, soft_wrap=True)
     out.print(gain_sentence(rec.baseline, rec.validation.sentence if rec.validation else None, rec.trial),
               highlight=False, soft_wrap=True)
 

@@ -286,7 +286,7 @@ def recommendation_lines(data: ReportData) -> list[str]:
     # After a load search, what each carries within the boundary: the objective the study ranked them by.
     if t.scored.capacity is not None:  # as the search found it; the validation's launches follow the verdict
         subject = "In the search, it" if rec.validation is not None else "It"
-        lines.append(f"{subject} {capacity_sentence(t.scored.capacity, t.scored.e2e_p95_s, m.offered_rps)}.")
+        lines.append(f"{subject} {capacity_sentence(t.scored, m.offered_rps)}.")
     shortfall = rec.shortfall()
     if shortfall:
         lines.append(as_sentence(shortfall))
@@ -294,7 +294,7 @@ def recommendation_lines(data: ReportData) -> list[str]:
     base = default.scored if default is not None and default.trial_number != t.trial_number else None
     if default is not None and base is not None and base.capacity is not None:
         lines.append(f"vLLM's default configuration (trial {default.trial_number}) "
-                     f"{capacity_sentence(base.capacity, base.e2e_p95_s, m.offered_rps)}.")
+                     f"{capacity_sentence(base, m.offered_rps)}.")
     lines.append(rec.gain_sentence(report=True))
     if rec.validation is not None:
         lines.append(as_sentence(rec.validation.launches_text()))

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
     from tuner.validation import Validation
 
-    from tuner.scoring import Boundary, Capacity
+    from tuner.scoring import Boundary, Score
     from tuner.storage import Repository, StoredTrial, StudySettings
 
 
@@ -123,16 +123,22 @@ def as_sentence(clause: str) -> str:
     return f"{first}{clause[1:]}."
 
 
-def capacity_sentence(capacity: Capacity, e2e_p95_s: float, reference_rps: float | None) -> str:
+def capacity_sentence(score: Score, reference_rps: float | None) -> str:
     """What a searched configuration carries and what today's traffic gets from it: `carries 8.1 req/s (x5.6 the
-    trace's rate) within the boundary; at your traffic (2.9 req/s) p95 end-to-end is 5.8 s`."""
+    trace's rate) within the boundary; at your traffic (2.9 req/s) p95 end-to-end is 5.8 s`, with the traffic it
+    carries whole where its max_model_len clipped some requests."""
     from tuner.describe import capacity_line
 
+    capacity = score.capacity
+    assert capacity is not None, "a capacity sentence is for a searched trial"
     traffic = f"at your traffic ({reference_rps:.3g} req/s)" if reference_rps else "at your traffic"
     load = capacity_line(capacity)
     carried = (f"carries {load} within the boundary" if load is not None
                else f"carries none of the loads probed within the boundary ({capacity.ended})")
-    return f"{carried}; {traffic} p95 end-to-end is {e2e_p95_s:.3g} s"
+    if load is not None and score.whole_share < 1:
+        carried += (f", {score.carried_rps:.3g} req/s of it whole ({1 - score.whole_share:.0%} of the requests were "
+                    f"clipped to its max_model_len, which vLLM would refuse)")
+    return f"{carried}; {traffic} p95 end-to-end is {score.e2e_p95_s:.3g} s"
 
 
 def validation_terms(settings: StudySettings) -> tuple[bool, float]:

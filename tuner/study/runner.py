@@ -501,7 +501,8 @@ class StudyRunner:
             trial.set_user_attr("failure_class", failure_class)
         else:
             state = TrialState.COMPLETE
-            scored = score(m, self.ctx.boundary, trace.span_s, capacity, judge_pace=bool(judged))
+            scored = score(m, self.ctx.boundary, trace.span_s, capacity, judge_pace=bool(judged),
+                           whole_share=trace.whole_share)
             for key, value in scored.constraints.items():
                 trial.set_constraint(key, value)
             trial.set_user_attr("feasible", scored.feasible)

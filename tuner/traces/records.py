@@ -95,6 +95,12 @@ class Trace:
         step = steps[-1]
         return TraceFit(step.params["mode"], step.params["max_model_len"], len(self.requests), step.affected)
 
+    @property
+    def whole_share(self) -> float:
+        """The share of its requests at their recorded lengths: 1 less the share its last fit clipped or scaled."""
+        fit = self.fit
+        return 1.0 - fit.share if fit is not None else 1.0
+
     def with_step(self, requests: tuple[TraceRequest, ...], step: Transformation) -> Trace:
         """A copy holding `requests` instead, with `step` added to its transformations."""
         return replace(self, requests=requests, transformations=self.transformations + (step,))
