@@ -236,6 +236,11 @@ def test_side_by_side_puts_default_and_recommendation_together():
     assert rows["p95 end-to-end"] == ("3.000 s", "3.300 s", "+10%")
     assert rows["KV budget (tokens)"][:2] == ("131072", "3072")
     assert rows["meets the interactive boundary"][:2] == ("yes", "yes")
+    # What issue 19 asks of a long-context answer, from vLLM's own figures: 0.2 s of 1.4 s queued, 0.9 of 2.1.
+    assert rows["queue's share of latency (vLLM)"][:2] == ("14%", "43%")
+    assert rows["preemptions per 100 requests"][:2] == ("0.0", "193.8")
+    assert rows["prefix-cache hit rate"][:2] == ("-", "-")  # vLLM reported no prefix-cache queries
+    assert rows["KV usage peak"][:2] == ("40%", "100%")
 
 
 def test_trial_rows_carry_failure_classes_and_roles():
@@ -441,6 +446,18 @@ def test_the_report_of_a_search_states_each_capacity_in_words_side_by_side_and_p
     assert rows["capacity within the boundary"] == ("4.53 req/s (x283 the trace's rate)",
                                                     "7.62 req/s (x476 the trace's rate)", "+68%")
     assert "capacity within the boundary" not in {row[0] for row in side_by_side(report_data())}
+    assert not any(row[0].startswith("of it carried whole") for row in side_by_side(data))
+
+
+def test_a_context_that_clips_requests_is_answered_with_the_traffic_it_carries_whole():
+    data = search_data()
+    trials = list(data.trials)
+    trials[3] = replace(trials[3], score=replace(trials[3].score, whole_share=0.5))
+    data = replace(data, trials=tuple(trials), recommendation=replace(data.recommendation, trial=trials[3]))
+    rows = {what: (a, b, change) for what, a, b, change in side_by_side(data)}
+    assert rows["of it carried whole (clipped: 0% / 50%)"] == ("4.53 req/s", "3.81 req/s", "-16%")
+    assert any(line.startswith("It carries 7.62 req/s (x476 the trace's rate) within the boundary, 3.81 req/s of it "
+                               "whole (50% of the requests were clipped") for line in recommendation_lines(data))
     by_trial = {r.trial: r for r in trial_rows(data)}
     line = report_trial_line(TrialRowAnswer.model_validate(by_trial[3].to_dict()))
     assert "capacity 7.62 req/s (x476 the trace's rate)" in line

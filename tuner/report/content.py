@@ -172,6 +172,14 @@ def _capacity_text(capacity: Capacity | None) -> str:
     return capacity_line(capacity) or "none"
 
 
+def _queue_share(m: Measurement) -> float | None:
+    """The share of a request's time in vLLM spent waiting to be scheduled (mean queue time over mean queue plus
+    inference time); None where vLLM gave either figure no value."""
+    if m.queue_s_mean is None or m.inference_s_mean is None or m.queue_s_mean + m.inference_s_mean <= 0:
+        return None
+    return m.queue_s_mean / (m.queue_s_mean + m.inference_s_mean)
+
+
 def _meets(t: StoredTrial | None) -> str:
     if t is None:
         return "-"
@@ -201,6 +209,11 @@ def side_by_side(data: ReportData) -> list[SideBySideRow]:
         # No change between two values that read the same: 0.000 s against 0.000 s is no +546%.
         rows.append(SideBySideRow(label, *shown, _ratio_text(a, b) if ratio and shown[0] != shown[1] else ""))
 
+    def share(label: str, read: Callable[[Measurement], float | None]) -> None:
+        a, b = _measured(base, read), _measured(rec, read)
+        rows.append(SideBySideRow(label, f"{a:.0%}" if a is not None else "-", f"{b:.0%}" if b is not None else "-",
+                                  ""))
+
     def completed(t: StoredTrial | None) -> str:
         return f"{t.measurement.completed}/{t.measurement.requests}" if t and t.measurement else "-"
 
@@ -208,6 +221,12 @@ def side_by_side(data: ReportData) -> list[SideBySideRow]:
         ca, cb = (data.capacity(t) if t is not None else None for t in (base, rec))
         rows.append(SideBySideRow("capacity within the boundary", _capacity_text(ca), _capacity_text(cb),
                                   _ratio_text(ca.rps if ca else None, cb.rps if cb else None)))
+        wa, wb = (t.scored.whole_share if t is not None and t.scored is not None else 1.0 for t in (base, rec))
+        if min(wa, wb) < 1:  # a max_model_len that clips: the traffic carried whole is what the study ranked
+            whole = [c.rps * w if c is not None and c.rps is not None else None for c, w in ((ca, wa), (cb, wb))]
+            rows.append(SideBySideRow(f"of it carried whole (clipped: {1 - wa:.0%} / {1 - wb:.0%})",
+                                      *(f"{w:.3g} req/s" if w is not None else "-" for w in whole),
+                                      _ratio_text(*whole)))
     rows.append(SideBySideRow("completed / requests", completed(base), completed(rec), ""))
     metric("completed req/s", lambda m: m.completed_rps)
     metric("output tok/s", lambda m: m.output_tps, 1)
@@ -215,14 +234,15 @@ def side_by_side(data: ReportData) -> list[SideBySideRow]:
     metric("p95 end-to-end", lambda m: m.e2e_s.p95, 3, " s")
     metric("mean queue time (vLLM)", lambda m: m.queue_s_mean, 3, " s")
     metric("mean inference time (vLLM)", lambda m: m.inference_s_mean, 3, " s")
+    share("queue's share of latency (vLLM)", _queue_share)
     pa, pb = _measured(base, lambda m: m.preemptions), _measured(rec, lambda m: m.preemptions)
     rows.append(SideBySideRow("preemptions", number_text(pa), number_text(pb),
                               "" if pa == pb or None in (pa, pb) else f"{pa} → {pb}"))
+    metric("preemptions per 100 requests", lambda m: m.preemptions_per_100, 1, ratio=False)
+    share("prefix-cache hit rate", lambda m: m.prefix_cache_hit_rate)
     metric("running peak", lambda m: m.running_peak, 0, ratio=False)
     metric("waiting peak", lambda m: m.waiting_peak, 0, ratio=False)
-    ka, kb = _measured(base, lambda m: m.kv_usage_peak), _measured(rec, lambda m: m.kv_usage_peak)
-    rows.append(SideBySideRow("KV usage peak", f"{ka:.0%}" if ka is not None else "-",
-                              f"{kb:.0%}" if kb is not None else "-", ""))
+    share("KV usage peak", lambda m: m.kv_usage_peak)
     ta = data.kv_tokens.get(base.trial_number) if base else None
     tb = data.kv_tokens.get(rec.trial_number) if rec else None
     rows.append(SideBySideRow("KV budget (tokens)", number_text(ta), number_text(tb),
