@@ -133,6 +133,12 @@ def test_export_holds_every_trial_with_its_measurements(study):
     assert rows[2]["failure_class"] == "kv_insufficient (predicted)" and rows[2]["state"] == "infeasible"
     assert rows[1]["state"] == "infeasible"
     assert any(t["pareto"] for t in exported["trials"])
+    # Each scored trial is ranked by the traffic it carries whole: the share its max_model_len left unclipped.
+    for number in (0, 3):
+        t = _trials(study)[number]
+        fitted = t.trace_fit.share if t.trace_fit is not None else 0.0
+        assert t.scored.whole_share == pytest.approx(1 - fitted)
+        assert rows[number]["score"]["whole_share"] == pytest.approx(1 - fitted)
 
 
 def test_dashboard_shows_the_pareto_front_and_trial_attributes(study):
