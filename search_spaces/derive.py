@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import yaml
@@ -130,7 +130,10 @@ class _Derivation:
             self.model, self.device, EngineConfig(gpu_memory_utilization=round(k * UTILIZATION_STEP, 2)))
             .fit(shortest) is Fit.FITS)
         self.low_config = EngineConfig(gpu_memory_utilization=low)
-        self.high_config = top
+        # The largest budget the space offers: with the fp8 KV cache where cache_options offers it, so that the
+        # contexts and batch sizes only fp8 makes room for are offered too (the rules refuse what does not fit).
+        fp8 = PLATFORMS[self.device.platform].fp8_kv_cache
+        self.high_config = replace(top, kv_cache_dtype="fp8") if fp8 else top
         self.parameters["gpu_memory_utilization"] = {"type": "float", "low": low, "high": UTILIZATION_HIGH,
                                                      "step": UTILIZATION_STEP}
         weights = self.model.weight_bytes() / GiB
@@ -138,7 +141,8 @@ class _Derivation:
             "gpu_memory_utilization", f"{low:.2f} to {UTILIZATION_HIGH:.2f} (step {UTILIZATION_STEP})",
             f"from the least whose KV cache ({self.tokens(self.low_config):,} tokens beside {weights:.1f} GiB of "
             f"weights) holds one request of the shortest context ({shortest}); up to "
-            f"{self.tokens(top):,} tokens at {UTILIZATION_HIGH}"))
+            f"{self.tokens(top):,} tokens at {UTILIZATION_HIGH}"
+            + (f" ({self.tokens(self.high_config):,} with the fp8 KV cache)" if fp8 else "")))
 
     def _cpu_blocks(self, shortest: int) -> None:
         per_block = self.model.kv_bytes_per_token() * self.block

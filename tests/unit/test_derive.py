@@ -54,8 +54,10 @@ def test_shipped_architectures_get_sensible_ranges_for_an_h200(architectures, na
     assert "0% clipped" in _ranges(derived)["max_model_len"].reason
     seqs = space.parameters["max_num_seqs"]
     mean = sum(contexts) / len(contexts)
-    top = estimate_kv(model, H200, EngineConfig(gpu_memory_utilization=0.95))
+    # The largest budget offered is the fp8 KV cache's: the batch sizes only fp8 makes room for are offered too.
+    top = estimate_kv(model, H200, EngineConfig(gpu_memory_utilization=0.95, kv_cache_dtype="fp8"))
     assert seqs.high == min(1000, int(top.tokens / mean))
+    assert f"({top.tokens:,} with the fp8 KV cache)" in _ranges(derived)["gpu_memory_utilization"].reason
     assert 1 <= seqs.low < seqs.high and seqs.log
     assert space.parameters["kv_cache_dtype"].choices == ("auto", "fp8")
     assert "enable_prefix_caching" not in space.parameters  # the Azure trace has no prefix blocks
