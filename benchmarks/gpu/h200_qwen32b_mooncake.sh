@@ -13,11 +13,12 @@
 # TRIALS: trials the study runs (default 5, vLLM's default among them). A machine taken back mid-run:
 # benchmarks/gpu/common.sh says how the study goes on on another.
 #
-# The window: `tuner trace window ../shared/traces/mooncake_conversation_trace.jsonl --requests 100 --spread`
-# finds the 100 requests from 642.25 s, whose repeated prefix blocks (4.5%) are the median over every window of
-# 100 (p10-p90 3.6%-6.0%; 36.6% over the whole hour, which a trial's empty cache never sees). The shipped cut
-# (traces/, 600 s to 1,200 s of the trace) starts at 600 s, so the same window starts at 42.25 s in it. It offers
-# 4.21 req/s; prompts p50 6,364 and p95 32,037 tokens, lengths over a trial's max_model_len clipped (reported).
+# The window: `tuner trace window ../shared/traces/mooncake_conversation_trace.jsonl --requests 100` finds the 100
+# requests from 899.999 s, whose repeated prefix blocks (4.5%) are the median over every window of 100 (p10-p90
+# 3.6%-6.0%; 36.6% over the whole hour, which a trial's empty cache never sees). It starts at a recorded instant, so
+# the same 100 requests are replayed spread or bucketed. The shipped cut (traces/, 600 s to 1,200 s of the trace)
+# starts at 600 s, so the window starts at 299.999 s in it. It offers 3.11 req/s (spread); prompts p50 9,651 and p95
+# 50,624 tokens, lengths over a trial's max_model_len clipped (reported, and the traffic carried whole is ranked).
 set -euo pipefail
 phase=$1 tag=h200-qwen32b boundary=${BOUNDARY:-long-prompt}
 # shellcheck source=benchmarks/gpu/common.sh
@@ -26,12 +27,12 @@ case $gpu in
   *H100*) name=h100-qwen32b-$boundary ;;
   *) name=h200-qwen32b-$boundary ;;
 esac
-# The reference load, x the window's 4.21 req/s: on 2026-12-03 vLLM's default on the H200 broke the long-prompt
-# boundary at 0.6 req/s of bucketed arrivals (p95 TTFT 22 s over prompts of about 12k tokens).
+# The reference load, x the window's 3.11 req/s: 0.25 req/s. On 2026-12-03 vLLM's default on the H200 broke the
+# long-prompt boundary at 0.6 req/s of the trace's first 60 requests, bucketed (p95 TTFT 22 s, prompts ~12k tokens).
 scale=${RATE_SCALE:-0.08}
 model=/tmp/models/qwen2.5-32b
 trace=benchmarks/gpu/traces/mooncake_conversation_600-1200s.jsonl
-window=(--trace "$trace" --window 42.25: --max-requests 100 --fit clip)
+window=(--trace "$trace" --window 299.999: --max-requests 100 --fit clip)
 case $phase in
   study)
     watch_gpu

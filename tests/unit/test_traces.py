@@ -603,6 +603,19 @@ def test_typical_reuse_window_is_the_median_window_and_its_options_replay_it() -
     assert trace_stats(replayed).prefix_block_share == found.share
 
 
+def test_the_typical_window_replays_the_same_requests_spread_or_bucketed(tmp_path) -> None:
+    # Mooncake's instants of about 3 s: a window found on the recorded clock starts at one, which spreading keeps,
+    # so --spread changes when the window's requests arrive, never which they are.
+    path = tmp_path / "buckets.jsonl"
+    path.write_text("".join(json.dumps({"timestamp": 3000 * (i // 4), "input_length": 100 + i, "output_length": 5,
+                                        "hash_ids": [i % 3, 10 + i]}) + "\n" for i in range(40)))
+    found = typical_reuse_window(load_trace(path, TraceSelection()), 9)
+    chosen = [TraceSelection(window_s=(found.start_s, math.inf), max_requests=9, spread=s) for s in (False, True)]
+    bucketed, spread = (load_trace(path, c) for c in chosen)
+    assert [r.input_tokens for r in bucketed.requests] == [r.input_tokens for r in spread.requests]
+    assert len({r.arrival_s for r in spread.requests}) == 9 > len({r.arrival_s for r in bucketed.requests})
+
+
 def test_typical_reuse_window_refuses_traces_without_blocks_and_windows_too_long() -> None:
     with pytest.raises(TunerError, match="records no prefix blocks"):
         typical_reuse_window(BASE, 2)

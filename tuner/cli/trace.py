@@ -54,7 +54,9 @@ def trace_window(file: Annotated[Path, typer.Argument(help="A trace file with pr
     from tuner.traces.selection import TraceSelection, load_trace
     from tuner.traces.stats import typical_reuse_window
 
-    trace = load_trace(file, TraceSelection(spread=spread), format=format)
+    # Found on the recorded clock: it starts at a recorded arrival, which --spread leaves in place while it moves
+    # the rest of that instant's requests after it, so the same options replay the same requests with or without it.
+    trace = load_trace(file, TraceSelection(), format=format)
     found = typical_reuse_window(trace, requests)
     options = f"{'--spread ' if spread else ''}--window {found.start_s!r}: --max-requests {found.requests}"
     if as_json:
