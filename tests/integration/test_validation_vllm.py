@@ -105,6 +105,11 @@ def test_a_study_whose_best_is_the_default_says_keep_it_with_the_defaults_comman
     said = ("vLLM's default carries at least as much as the best configuration found (trial 1: x" if gain["ratio"] <= 1
             else "vLLM's default is within noise of the best configuration found (trial 1: x")
     assert kept["run"]["validation"].startswith(said) and kept["run"]["validation"].endswith(": keep it")
+    # The report shows where the interval comes from, launch by launch (at a fixed load no bracket is added).
+    launches = "; ".join(f"{label} {', '.join(f'{v:.3g}' for v in arm['values'])}"
+                         for label, arm in (("vLLM's default", default), ("trial 1", single)))
+    report = " ".join(tuner("study", "report", "kept", *common).stdout.split())
+    assert f"Launch by launch, in {validation['unit']}: {launches}." in report
 
 
 def test_a_validation_with_no_time_for_a_launch_starts_none_and_says_so(kept):
