@@ -122,17 +122,20 @@ class NothingToValidate(TunerError):
     """A study with no feasible configuration other than vLLM's default: there is no finalist to launch again."""
 
 
-def _expected_trial_s(repo: Repository, settings: StudySettings, trace_span_s: float) -> float:
-    """How long the next trial will likely take: the median of the study's trials that served (a launch that
-    failed fast says little); before any, of other studies' on the same model; before any, the trace's span,
-    which no trial can take less than."""
-    def served(name: str) -> list[float]:
-        return [t.timings.total_s for t in repo.trials(name)
+def _expected_trial_s(repo: Repository, settings: StudySettings, trace_span_s: float, validation: bool) -> float:
+    """How long the next trial will likely take: the median of the study's trials of its kind that served (a
+    validation launch searches with twice the probes, `LoadPolicy.for_launch`; a launch that failed fast says
+    little); before any, of the study's others; before any, of other studies' on the same model; before any, the
+    trace's span, which no trial can take less than."""
+    def served(name: str) -> list[StoredTrial]:
+        return [t for t in repo.trials(name)
                 if t.state in (TrialState.COMPLETE, TrialState.PRUNED) and t.timings and t.timings.total_s]
 
-    totals = served(settings.name) or [s for other in repo.list_studies() if other.name != settings.name
-                                       and other.model == settings.model for s in served(other.name)]
-    return statistics.median(totals) if totals else trace_span_s
+    own = served(settings.name)
+    same_kind = [t for t in own if (t.validation is not None) == validation]
+    found = same_kind or own or [t for other in repo.list_studies() if other.name != settings.name
+                                 and other.model == settings.model for t in served(other.name)]
+    return statistics.median(t.timings.total_s for t in found) if found else trace_span_s
 
 
 @dataclass
@@ -270,7 +273,7 @@ class StudyRunner:
                                         f"some load within the boundary: keep the default")
         run = max((t.validation.run for t in trials if t.validation is not None), default=0) + 1
         terms = validation_terms(self.settings)
-        if self._no_time_for_a_trial(deadline, stop_at):  # nothing is queued for a validation that cannot start
+        if self._no_time_for_a_trial(deadline, stop_at, validation=True):  # nothing queued for one that cannot start
             return unstarted(run, repeats, arms, *terms), RunReport(stopped_early=NO_TIME_LEFT)
         frozen = self.study.get_trials(deepcopy=False)
         # Configurations queued before (the baseline of a study not run yet, say) are asked first: they run too.
@@ -283,12 +286,19 @@ class StudyRunner:
         judged = [v for v in validations(self.repo.trials(self.settings.name), *terms) if v.run == run]
         return (judged[0] if judged else unstarted(run, repeats, arms, *terms)), report
 
-    def _no_time_for_a_trial(self, deadline: float | None, stop_at: float | None) -> bool:
-        """Whether a trial started now would end after the deadline or stop_at, judged by the median time of the
-        study's finished trials."""
+    def _no_time_for_a_trial(self, deadline: float | None, stop_at: float | None,
+                             validation: bool | None = None) -> bool:
+        """Whether the next trial started now would end after the deadline or stop_at, judged by the median time of
+        the study's finished trials of its kind (`_expected_trial_s`): a validation launch where `validation`, else
+        whatever is queued first (a proposal when nothing is)."""
         ends = [t for t in (deadline, stop_at) if t is not None]
-        expected_s = _expected_trial_s(self.repo, self.settings, self.ctx.trace.span_s) if ends else 0.0
-        return bool(ends) and time.time() + expected_s > min(ends)
+        if not ends:
+            return False
+        if validation is None:
+            waiting = self.study.get_trials(deepcopy=False, states=(OptunaState.WAITING,))
+            validation = bool(waiting) and _mark(waiting[0]) is not None
+        expected_s = _expected_trial_s(self.repo, self.settings, self.ctx.trace.span_s, validation)
+        return time.time() + expected_s > min(ends)
 
     def _baselines(self) -> set[int]:
         """The numbers of the study's trials of vLLM's default configuration queued as its baseline."""

@@ -1,0 +1,43 @@
+"""How long a study expects its next trial to take, from what its finished trials took: a run with a deadline or a
+window starts none that would end after it."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from factories import MACHINE, request_records, study_settings, trial_record
+from tuner.storage import Repository, StoredTrial, TrialState
+from tuner.study.runner import _expected_trial_s
+from tuner.validation import ValidationMark
+from tuner.workers.measure import TrialTimings
+
+
+def _trial(number: int, total_s: float, *, validation: bool = False, study: str = "s1") -> StoredTrial:
+    record = replace(trial_record(request_records(4), died=False), timings=TrialTimings(total_s - 2, 1.0, 1.0),
+                     hardware=MACHINE)
+    mark = ValidationMark(1, 1, 2, number % 2, None) if validation else None
+    return StoredTrial.from_record(study, number, record, state=TrialState.COMPLETE, score=None, validation=mark)
+
+
+def test_a_validation_launch_is_expected_to_take_what_the_validation_launches_took(tmp_path):
+    # A validation launch searches with twice the probes: judged by the search trials, it would start where it
+    # cannot end, and be stopped half measured.
+    repo = Repository(f"sqlite:///{tmp_path / 'tuner.db'}")
+    repo.migrate()
+    settings = study_settings()
+    repo.save_study(settings)
+    assert _expected_trial_s(repo, settings, 30.0, validation=True) == 30.0  # nothing finished: the trace's span
+    for number, total_s in enumerate((100.0, 120.0, 110.0)):
+        repo.save_trial(_trial(number, total_s), [])
+    assert _expected_trial_s(repo, settings, 30.0, validation=False) == pytest.approx(110.0)
+    assert _expected_trial_s(repo, settings, 30.0, validation=True) == pytest.approx(110.0)  # none of its kind yet
+    for number, total_s in ((3, 300.0), (4, 260.0)):
+        repo.save_trial(_trial(number, total_s, validation=True), [])
+    assert _expected_trial_s(repo, settings, 30.0, validation=True) == pytest.approx(280.0)
+    assert _expected_trial_s(repo, settings, 30.0, validation=False) == pytest.approx(110.0)
+    # A new study of the same model starts from the other studies' trials.
+    other = replace(settings, name="s2")
+    repo.save_study(other)
+    assert _expected_trial_s(repo, other, 30.0, validation=False) == pytest.approx(120.0)
