@@ -17,7 +17,9 @@ from tuner.errors import TunerError
 from tuner.workers.measure import Measurement, Pace
 
 OBJECTIVE_NAMES = ("completed_rps", "e2e_p95_s")  # at a fixed load
-SEARCH_OBJECTIVE_NAMES = ("capacity_rps", "e2e_p95_s")  # with a load search
+# With a load search; the first is the capacity carried whole (Score.carried_rps), the capacity itself unless the
+# trial's max_model_len clipped requests.
+SEARCH_OBJECTIVE_NAMES = ("capacity_rps", "e2e_p95_s")
 DIRECTIONS = ("maximize", "minimize")
 
 
