@@ -27,9 +27,9 @@ case $gpu in
   *H100*) name=h100-qwen32b-$boundary ;;
   *) name=h200-qwen32b-$boundary ;;
 esac
-# The reference load, x the window's 3.11 req/s: 0.25 req/s. On 2026-12-03 vLLM's default on the H200 broke the
+# The reference load, x the window's 3.11 req/s: 0.31 req/s. On 2026-12-03 vLLM's default on the H200 broke the
 # long-prompt boundary at 0.6 req/s of the trace's first 60 requests, bucketed (p95 TTFT 22 s, prompts ~12k tokens).
-scale=${RATE_SCALE:-0.08}
+scale=${RATE_SCALE:-0.1}
 model=/tmp/models/qwen2.5-32b
 trace=benchmarks/gpu/traces/mooncake_conversation_600-1200s.jsonl
 window=(--trace "$trace" --window 299.999: --max-requests 100 --fit clip)
