@@ -6,7 +6,8 @@ highest load that passes the boundary, tuner.capacity) and the verdict compares 
 more, or about the same when the two are within the search's precision. At a fixed load (`--load fixed`: one
 replay per value) it says what the change did to preemptions, requests completed, p95 end-to-end latency and
 time spent in vLLM's queue. Trace dimensions are varied the same way (`rate_scale`, `output_scale`,
-`input_scale`): each multiplies the trace as selected.
+`input_scale`): each multiplies the trace as selected. `arrivals=recorded,spread` replays the same requests as
+recorded and spread (`--spread`), and the verdict states p95 TTFT too.
 """
 
 from __future__ import annotations
@@ -34,6 +35,11 @@ TRACE_DIMENSIONS = {
     "output_scale": "every request's output tokens",
     "input_scale": "every request's input tokens",
 }
+# When requests arrive: as recorded, or each recorded instant's requests spread up to the next (`--spread`). The
+# same requests either way (a window that starts at a recorded instant keeps them), so what changes is only how
+# many long prompts reach the engine at once: TTFT shows it first.
+ARRIVALS = "arrivals"
+ARRIVAL_VALUES = ("recorded", "spread")
 ENGINE_SETTINGS = tuple(f.name for f in fields(EngineConfig))
 
 # Below these, a change is reported as "about the same".
@@ -51,8 +57,8 @@ class Variation:
     """One dimension and the values it takes, in the order given."""
 
     name: str
-    kind: str  # "engine" or "trace"
-    values: tuple[Any, ...]  # typed: int/float/bool/str for a setting, float factors for the trace
+    kind: str  # "engine", "trace" or "arrivals"
+    values: tuple[Any, ...]  # typed: int/float/bool/str for a setting, float factors for the trace, ARRIVAL_VALUES
     labels: tuple[str, ...]  # as the user wrote them
 
     def label(self, i: int) -> str:
@@ -60,8 +66,9 @@ class Variation:
         return f"{self.name}={self.labels[i]}"
 
 
-def parse_vary(text: str, base: EngineConfig | None = None) -> Variation:
-    """`NAME=V1,V2[,...]`: an engine setting or a trace dimension, at least two distinct values."""
+def parse_vary(text: str, base: EngineConfig | None = None, spread: bool = False) -> Variation:
+    """`NAME=V1,V2[,...]`: an engine setting, a trace dimension or the arrivals (`ARRIVALS`), at least two distinct
+    values; `spread`: the selection spreads arrivals already (--spread), so they cannot be varied too."""
     name, sep, raw = text.partition("=")
     name = name.strip().replace("-", "_")
     if not sep or not name:
@@ -82,6 +89,13 @@ def parse_vary(text: str, base: EngineConfig | None = None) -> Variation:
                 raise TunerError(f"{name} expects a positive number, got {v!r}")
             values.append(factor)
         kind = "trace"
+    elif name == ARRIVALS:
+        if spread:
+            raise TunerError(f"{ARRIVALS} is both set (--spread) and varied (--vary): give it in one place")
+        if unknown := [v for v in labels if v not in ARRIVAL_VALUES]:
+            raise TunerError(f"{ARRIVALS} is one of {', '.join(ARRIVAL_VALUES)}, got {unknown[0]!r}")
+        values = list(labels)
+        kind = ARRIVALS
     elif name in ENGINE_SETTINGS:
         if base is not None and name in base.to_dict():
             raise TunerError(f"{name} is both set (--set) and varied (--vary): give it in one place")
@@ -89,8 +103,8 @@ def parse_vary(text: str, base: EngineConfig | None = None) -> Variation:
         values = [getattr(EngineConfig.from_dict({name: v}), name) for v in labels]
         kind = "engine"
     else:
-        raise TunerError(f"cannot vary {name!r}: give an engine setting ({', '.join(ENGINE_SETTINGS)}) "
-                         f"or a trace dimension ({', '.join(TRACE_DIMENSIONS)})")
+        raise TunerError(f"cannot vary {name!r}: give an engine setting ({', '.join(ENGINE_SETTINGS)}), "
+                         f"a trace dimension ({', '.join(TRACE_DIMENSIONS)}) or {ARRIVALS}")
     if len(set(values)) != len(values):
         raise TunerError(f"--vary {name}: the values must differ, got {raw!r}")
     return Variation(name, kind, tuple(values), labels)
@@ -209,10 +223,17 @@ def run_compare(*, model: Path, trace_path: Path, selection: TraceSelection, var
     for value in variation.values:
         if variation.kind == "engine":
             config, trace = base_config.merged(**{variation.name: value}), selected
+        elif variation.kind == ARRIVALS:  # spread on the recorded clock, before the window, as --spread does
+            config = base_config
+            trace = load_trace(trace_path, replace(selection, spread=value == "spread"), None, format)
         else:
             config, trace = base_config, reshape_trace(selected, variation.name, value)
         trace = fit_trace(trace, selection, config.max_model_len or info.max_position_embeddings)
         plans.append((config, trace))
+    if variation.kind == ARRIVALS and len({tuple((r.input_tokens, r.output_tokens) for r in t.requests)
+                                           for _, t in plans}) > 1:
+        raise TunerError("the window starts inside a recorded instant, so spread and recorded arrivals select "
+                         "other requests: start it at a recorded arrival (`tuner trace window` prints one)")
     for i, (config, trace) in enumerate(plans):
         label = variation.label(i)
         if on_start is not None:
@@ -300,6 +321,11 @@ def pair_verdict(name: str, a: CompareRun, b: CompareRun) -> str:
         clauses.append((f"completed {'more' if mb.completed > ma.completed else 'fewer'} requests "
                         f"({ma.completed}/{ma.requests} → {mb.completed}/{mb.requests})", mb.completed > ma.completed))
     text = f"{head}: " + (_join(clauses) if clauses else "changed neither preemptions, queueing nor completions")
+    ta, tb = ma.ttft_s.p95, mb.ttft_s.p95
+    if name == ARRIVALS and ta is not None and tb is not None:  # what arrivals change first: see ARRIVALS
+        pct = _pct(ta, tb)
+        change = f"{pct:+.0f}%" if math.isfinite(pct) else "from 0"
+        text += f": p95 TTFT {'about the same ' if abs(pct) < P95_SAME_PCT else ''}{change} ({_s(ta)} → {_s(tb)})"
     ea, eb = ma.e2e_s.p95, mb.e2e_s.p95
     pct = _pct(ea, eb)
     change = f"{pct:+.0f}%" if math.isfinite(pct) else "from 0"

@@ -166,8 +166,8 @@ class Score:
     constraints: dict[str, float]  # each <= 0 when met: the measured figure minus its limit
     violations: list[str]  # the same, for people
     capacity: Capacity | None = None  # found by a load search; None for a trial at a fixed load
-    # The share of the trace's requests replayed at their recorded lengths. The rest were clipped or scaled to the
-    # engine's max_model_len: vLLM refuses such a prompt, so the traffic carried whole is that share of the load.
+    # The share of the trace's requests served as asked (Trace.whole_share): the rest were clipped to the engine's
+    # max_model_len, and vLLM refuses such a prompt, so the traffic carried whole is that share of the load.
     whole_share: float = 1.0
 
     @property

@@ -235,9 +235,9 @@ class ScoreAnswer(Answer):
     constraints: dict[str, Number]
     violations: list[str]
     capacity: Optional[CapacityAnswer]
-    whole_share: Number = Field(1.0, description="The share of the trace's requests replayed at their recorded "
-                                                 "lengths (the rest clipped or scaled to max_model_len, which vLLM "
-                                                 "would refuse); the traffic carried whole is the capacity times it.")
+    whole_share: Number = Field(1.0, description="The share of the trace's requests served as asked (the rest were "
+                                                 "clipped to max_model_len, which vLLM would refuse); the traffic "
+                                                 "carried whole is the capacity times it.")
     feasible: bool
 
 

@@ -272,7 +272,7 @@ class Validation:
 def launch_value(trial: StoredTrial, searched: bool) -> float | None:
     """What one validation launch carried whole (`Score.carried_rps`): after a load search its capacity (0 when no
     load passed), at a fixed load its completed req/s when within the boundary (else 0), either times the share of
-    requests its max_model_len left whole; 0 for a launch that failed; None for one that did not finish (stopped,
+    requests its max_model_len left unclipped; 0 for a launch that failed; None for one that did not finish (stopped,
     lost: it is run again)."""
     if trial.state is TrialState.FAILED:
         return 0.0

@@ -1,16 +1,19 @@
 """Reports on real vLLM (CPU build) and the tiny model: the study report in headless Chromium, `tuner compare`
-showing preemptions only where the KV budget cannot hold every sequence at once (at a fixed load), and
-`tuner compare` searching each setting's capacity (its default, the load search) and giving the verdict the two
-capacities call for."""
+showing preemptions only where the KV budget cannot hold every sequence at once (at a fixed load), `tuner compare`
+searching each setting's capacity (its default, the load search) and giving the verdict the two capacities call
+for, and `tuner compare` replaying the same Mooncake requests as recorded and spread."""
 
 from __future__ import annotations
 
+import csv
 import json
 import re
+import subprocess
+import sys
 
 import pytest
 
-from conftest import AZURE_CONV, FIXED_LOAD, NO_LATENCY_LIMIT_ARGS, REPO, run_tuner as tuner
+from conftest import AZURE_CONV, FIXED_LOAD, NO_LATENCY_LIMIT_ARGS, REPO, TRACES, run_tuner as tuner
 from checks import check_page_in_chromium
 from tuner.study.create import enqueue_config
 from tuner.study.plan import StoragePlan
@@ -166,3 +169,36 @@ def test_compare_searches_each_capacity_and_gives_the_verdict_they_call_for(tiny
     else:
         more = "more" if many["capacity"]["rps"] > few["capacity"]["rps"] else "less"
         assert verdict.startswith(f"max_num_seqs=8 rather than 1: carries {more}, "), verdict
+
+
+def test_compare_replays_the_same_requests_as_recorded_and_spread(tiny_model, tmp_path):
+    # Mooncake's first 20 requests: ten recorded at 0 s, the rest in instants 3 s apart; lengths scaled to the tiny
+    # model's context. Recorded, each instant's requests reach the engine together; spread, one after another.
+    mooncake = ["--trace", str(TRACES / "mooncake_conversation_trace.jsonl"), "--max-requests", "20",
+                "--fit", "scale", "--set", "enforce_eager=true"]
+    result = tuner("compare", "--model", str(tiny_model), *mooncake, "--vary", "arrivals=recorded,spread",
+                   *FIXED_LOAD, *NO_LATENCY_LIMIT_ARGS, "--out", str(tmp_path), "--json")
+    data = json.loads(result.stdout)
+    recorded, spread = data["runs"]
+    assert (recorded["label"], spread["label"]) == ("arrivals=recorded", "arrivals=spread")
+    assert recorded["served"] and spread["served"]
+    steps = [run["trace"]["transformations"] for run in (recorded, spread)]
+    assert not any(s.startswith("spread(") for s in steps[0])
+    assert steps[1][0].startswith("spread(")  # stated in the result, as the trace's first step
+    # The same requests, side by side: only when they arrived differs.
+    asked = [[(r["input_tokens"], r["requested_tokens"]) for r in csv.DictReader(
+        (tmp_path / run["label"] / "requests.csv").open())] for run in (recorded, spread)]
+    assert sorted(asked[0]) == sorted(asked[1]) and len(asked[0]) == 20
+    sent = [[float(r["scheduled_s"]) for r in csv.DictReader((tmp_path / run["label"] / "requests.csv").open())]
+            for run in (recorded, spread)]
+    assert len(set(sent[0])) < len(set(sent[1])) == 20
+    (verdict,) = data["verdicts"]
+    ttft = [run["measurement"]["ttft_s"]["p95"] for run in (recorded, spread)]
+    assert verdict.startswith("arrivals=spread rather than recorded: ") and "p95 TTFT" in verdict, verdict
+    assert all(t is not None and t > 0 for t in ttft)
+    # A window that starts inside a recorded instant would compare other requests: refused before any launch.
+    refused = subprocess.run([sys.executable, "-m", "tuner", "compare", "--model", str(tiny_model), *mooncake,
+                              "--window", "1.5:", "--vary", "arrivals=recorded,spread", *FIXED_LOAD, "--out",
+                              str(tmp_path / "refused")], capture_output=True, text=True, timeout=300)
+    assert refused.returncode == 2 and "starts inside a recorded instant" in refused.stderr, refused.stderr
+    assert not (tmp_path / "refused").exists()

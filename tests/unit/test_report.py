@@ -57,6 +57,18 @@ def test_verdict_more_load_brings_preemptions_and_losses():
                     "(16/16 → 14/16): p95 end-to-end +50% (3.00 s → 4.50 s)")
 
 
+def test_the_arrivals_verdict_states_p95_ttft_first():
+    # The same requests as recorded and spread: a bucket of long prompts reaching the engine at once shows in TTFT.
+    recorded = run("arrivals=recorded", measurement(ttft_s=Percentiles(1.0, 22.0, 25.0), queue_s_mean=4.0,
+                                                    e2e_s=Percentiles(20, 60.0, 70.0)))
+    spread = run("arrivals=spread", measurement(ttft_s=Percentiles(0.8, 6.0, 8.0), queue_s_mean=1.0,
+                                                e2e_s=Percentiles(18, 48.0, 55.0)))
+    assert pair_verdict("arrivals", recorded, spread) == (
+        "arrivals=spread rather than recorded: cut the time spent queued (mean 4.00 s → 1.00 s): p95 TTFT -73% "
+        "(22.00 s → 6.00 s): p95 end-to-end -20% (60.00 s → 48.00 s); no preemptions with either, both completed "
+        "16/16")
+
+
 def test_verdict_same_latency_and_no_preemptions_is_said_so():
     a = run("max_num_seqs=64", measurement())
     b = run("max_num_seqs=256", measurement(e2e_s=Percentiles(1, 3.03, 3.5)))
@@ -95,6 +107,8 @@ def test_parse_vary_types_engine_settings_and_trace_factors():
     assert parse_vary("enforce-eager=true,false").values == (True, False)
     t = parse_vary("output_scale=0.5, 1")
     assert (t.kind, t.values, t.labels) == ("trace", (0.5, 1.0), ("0.5", "1"))
+    a = parse_vary("arrivals=recorded,spread")
+    assert (a.kind, a.values, a.label(1)) == ("arrivals", ("recorded", "spread"), "arrivals=spread")
 
 
 @pytest.mark.parametrize("text, message", [
@@ -106,6 +120,8 @@ def test_parse_vary_types_engine_settings_and_trace_factors():
     ("input_scale=0,1", "input_scale expects a positive number"),
     ("max_num_seqs=4,4", "must differ"),
     ("max_num_seqs=4,,8", "empty value"),
+    ("arrivals=recorded,bursty", "arrivals is one of recorded, spread, got 'bursty'"),
+    ("arrivals=spread,spread", "must differ"),
 ])
 def test_parse_vary_refuses_bad_input(text, message):
     with pytest.raises(TunerError, match=re.escape(message)):
@@ -115,6 +131,8 @@ def test_parse_vary_refuses_bad_input(text, message):
 def test_parse_vary_refuses_a_setting_both_set_and_varied():
     with pytest.raises(TunerError, match="both set"):
         parse_vary("max_num_seqs=2,4", EngineConfig(max_num_seqs=8))
+    with pytest.raises(TunerError, match=re.escape("arrivals is both set (--spread) and varied")):
+        parse_vary("arrivals=recorded,spread", spread=True)
 
 
 def _trace() -> Trace:

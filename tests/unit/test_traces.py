@@ -489,6 +489,7 @@ def test_a_fitted_trace_says_how_many_of_its_requests_were_fitted() -> None:
     assert clipped.fit == TraceFit("clip", 2000, 3, 2)
     assert clipped.fit.describe() == "2 of 3 requests (67%) clipped to max_model_len 2000"
     assert clipped.whole_share == pytest.approx(1 / 3) and LONG.whole_share == 1.0
+    assert fit_to_context(LONG, 2000, "scale").whole_share == 1.0  # a workload chosen whole: nothing refused
     assert TrialTrace.of(clipped).fit == clipped.fit
     assert fit_to_context(LONG, 8000, "scale").fit == TraceFit("scale", 8000, 3, 0)  # fitted as it was
 

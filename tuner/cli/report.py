@@ -138,9 +138,11 @@ def _run_dict(run: CompareRun) -> dict:
 
 def compare(
     vary: Annotated[str, typer.Option(help="The one dimension to vary, NAME=V1,V2[,...]: an engine setting "
-                                           "(max_num_seqs=64,256) or a trace dimension, a factor on the trace "
+                                           "(max_num_seqs=64,256), a trace dimension, a factor on the trace "
                                            "as selected: rate_scale (arrival rate), output_scale (every "
-                                           "request's output tokens), input_scale (input tokens).")],
+                                           "request's output tokens), input_scale (input tokens), or "
+                                           "arrivals=recorded,spread (the same requests, each recorded "
+                                           "instant's spread up to the next: --spread).")],
     model: ServedModelOption = None, trace: ReplayedTraceOption = None,
     set_: Annotated[list[str], typer.Option("--set", help="Engine setting NAME=VALUE held for every value "
                                                           "(repeatable).")] = [],
@@ -170,7 +172,7 @@ def compare(
     from tuner.workers.engine_config import EngineConfig
 
     base = EngineConfig.from_assignments(set_)
-    variation = parse_vary(vary, base)
+    variation = parse_vary(vary, base, spread)
     bound = make_boundary(boundary, parse_limits(limit))
     policy = load_policy(load, precision, probe_budget, load_range, probe_requests, probe_seconds)
     searched = policy.mode == "search"

@@ -97,9 +97,11 @@ class Trace:
 
     @property
     def whole_share(self) -> float:
-        """The share of its requests at their recorded lengths: 1 less the share its last fit clipped or scaled."""
+        """The share of its requests served as asked: 1 less the share its last fit clipped. A clipped prompt
+        stands for one vLLM would refuse; a scaled trace is another workload, chosen whole (every request shrunk
+        by one factor to fit a smaller model's context), so it refuses none."""
         fit = self.fit
-        return 1.0 - fit.share if fit is not None else 1.0
+        return 1.0 - fit.share if fit is not None and fit.mode == "clip" else 1.0
 
     def with_step(self, requests: tuple[TraceRequest, ...], step: Transformation) -> Trace:
         """A copy holding `requests` instead, with `step` added to its transformations."""
