@@ -7,8 +7,8 @@
 #   BOUNDARY=batch bash benchmarks/gpu/h200_qwen32b_mooncake.sh study         # the same under the batch boundary
 #   BOUNDARY=... bash benchmarks/gpu/h200_qwen32b_mooncake.sh validate        # best against vLLM's default
 #   bash benchmarks/gpu/h200_qwen32b_mooncake.sh wait                        # wait again for what is running
-#   RATE=0.1 bash benchmarks/gpu/h200_qwen32b_mooncake.sh arrivals           # vLLM's default at RATE x the window's
-#                       # rate, the recorded buckets against --spread: two launches, one fixed-load replay each
+#   RATE=0.2 bash benchmarks/gpu/h200_qwen32b_mooncake.sh arrivals           # vLLM's default at RATE x the window's
+#                       # rate, recorded against spread (tuner compare --vary arrivals): two launches
 # Each call waits at most WAIT_S seconds (default 300), then leaves everything so far in $OUT/h200-qwen32b.tar.gz.
 # TRIALS: trials the study runs (default 5, vLLM's default among them). A machine taken back mid-run:
 # benchmarks/gpu/common.sh says how the study goes on on another.
@@ -54,19 +54,13 @@ case $phase in
     wait_running
     ;;
   arrivals)
+    # `tuner compare` replays the window's same requests as recorded and spread, one launch of vLLM's default each.
     watch_gpu
     tuner model arch qwen2.5-32b "$model"
     rate=${RATE:?RATE: the load, x the window\'s rate}
-    replay() {  # $1: bucketed or spread; the rest: trace options
-      local how=$1; shift
-      python3 -m tuner trial run --model "$model" "${window[@]}" "$@" --rate-scale "$rate" --load fixed \
-        --boundary "$boundary" --set dtype=bfloat16 --startup-timeout 600 --request-timeout 600 \
-        --out "$out/arrivals-$how-$rate" --json > "$out/arrivals-$how-$rate.json" 2> "$out/arrivals-$how-$rate.log"
-    }
-    export -f replay
-    export model rate boundary out trace
-    export WINDOW="${window[*]}"
-    detach bash -c 'read -ra window <<< "$WINDOW"; replay bucketed; replay spread --spread'
+    detach python3 -m tuner compare --model "$model" "${window[@]}" --rate-scale "$rate" --load fixed \
+      --vary arrivals=recorded,spread --boundary "$boundary" --set dtype=bfloat16 --startup-timeout 600 \
+      --request-timeout 600 --out "$out/arrivals-$rate" --json > "$out/arrivals-$rate.json" 2> "$out/arrivals-$rate.log"
     wait_running
     ;;
 esac
