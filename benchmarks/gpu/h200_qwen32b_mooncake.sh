@@ -8,7 +8,8 @@
 #   BOUNDARY=... bash benchmarks/gpu/h200_qwen32b_mooncake.sh validate        # best against vLLM's default
 #   bash benchmarks/gpu/h200_qwen32b_mooncake.sh wait                        # wait again for what is running
 #   RATE=0.2 bash benchmarks/gpu/h200_qwen32b_mooncake.sh arrivals           # vLLM's default at RATE x the window's
-#                       # rate, recorded against spread (tuner compare --vary arrivals): two launches
+#                       # rate, recorded against spread (tuner compare --vary arrivals): two launches; REQUESTS:
+#                       # the window's first N (default 100)
 # Each call waits at most WAIT_S seconds (default 300), then leaves everything so far in $OUT/h200-qwen32b.tar.gz.
 # TRIALS: trials the study runs (default 5, vLLM's default among them). A machine taken back mid-run:
 # benchmarks/gpu/common.sh says how the study goes on on another.
@@ -32,7 +33,7 @@ esac
 scale=${RATE_SCALE:-0.1}
 model=/tmp/models/qwen2.5-32b
 trace=benchmarks/gpu/traces/mooncake_conversation_600-1200s.jsonl
-window=(--trace "$trace" --window 299.999: --max-requests 100 --fit clip)
+window=(--trace "$trace" --window 299.999: --fit clip)
 case $phase in
   study)
     watch_gpu
@@ -40,7 +41,8 @@ case $phase in
     # 40 requests a probe, at least 60 s of arrivals: a prompt of 12k tokens takes about a second of prefill, so a
     # probe of 80 at a third of a request a second would take 4 minutes of the session's 30.
     tuner study status "$name" > /dev/null 2>&1 ||
-      tuner study create "$name" --model "$model" "${window[@]}" --spread --space auto --boundary "$boundary" \
+      tuner study create "$name" --model "$model" "${window[@]}" --max-requests 100 --spread --space auto \
+        --boundary "$boundary" \
         --rate-scale "$scale" --probe-requests 40 --probe-seconds 60 --probe-budget 4 \
         --seed 0 --startup-timeout 600 --request-timeout 600 | tee "$out/create-$boundary.txt"
     detach bash -c "python3 -m tuner study run $name --trials ${TRIALS:-5} --no-validate --json \
@@ -58,7 +60,8 @@ case $phase in
     watch_gpu
     tuner model arch qwen2.5-32b "$model"
     rate=${RATE:?RATE: the load, x the window\'s rate}
-    detach python3 -m tuner compare --model "$model" "${window[@]}" --rate-scale "$rate" --load fixed \
+    detach python3 -m tuner compare --model "$model" "${window[@]}" --max-requests "${REQUESTS:-100}" \
+      --rate-scale "$rate" --load fixed \
       --vary arrivals=recorded,spread --boundary "$boundary" --set dtype=bfloat16 --startup-timeout 600 \
       --request-timeout 600 --out "$out/arrivals-$rate" --json > "$out/arrivals-$rate.json" 2> "$out/arrivals-$rate.log"
     wait_running
