@@ -174,8 +174,9 @@ def test_compare_searches_each_capacity_and_gives_the_verdict_they_call_for(tiny
 def test_compare_replays_the_same_requests_as_recorded_and_spread(tiny_model, tmp_path):
     # Mooncake's first 20 requests: ten recorded at 0 s, the rest in instants 3 s apart; lengths scaled to the tiny
     # model's context. Recorded, each instant's requests reach the engine together; spread, one after another.
+    # A KV budget of its own: the CPU build's default share of RAM is refused beside other tests' engines.
     mooncake = ["--trace", str(TRACES / "mooncake_conversation_trace.jsonl"), "--max-requests", "20",
-                "--fit", "scale", "--set", "enforce_eager=true"]
+                "--fit", "scale", "--set", "enforce_eager=true", "--set", "kv_cache_memory_bytes=268435456"]
     result = tuner("compare", "--model", str(tiny_model), *mooncake, "--vary", "arrivals=recorded,spread",
                    *FIXED_LOAD, *NO_LATENCY_LIMIT_ARGS, "--out", str(tmp_path), "--json")
     data = json.loads(result.stdout)
