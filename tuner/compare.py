@@ -279,6 +279,16 @@ def _s(value: float) -> str:
     return f"{value:.2f} s" if value >= 0.1 else f"{value * 1000:.0f} ms"
 
 
+def _p95_change(what: str, a: float, b: float) -> str:
+    """`p95 end-to-end +16% (3.00 s → 3.48 s)`, or `... about the same (+1%, 3.00 s → 3.03 s)` within
+    P95_SAME_PCT."""
+    pct = _pct(a, b)
+    change = f"{pct:+.0f}%" if math.isfinite(pct) else "from 0"
+    if abs(pct) < P95_SAME_PCT:
+        return f"{what} about the same ({change}, {_s(a)} → {_s(b)})"
+    return f"{what} {change} ({_s(a)} → {_s(b)})"
+
+
 def _join(clauses: list[tuple[str, bool]]) -> str:
     """Clauses (text, for the better) joined with "and" when they point the same way, "but" when not."""
     text = clauses[0][0]
@@ -323,16 +333,8 @@ def pair_verdict(name: str, a: CompareRun, b: CompareRun) -> str:
     text = f"{head}: " + (_join(clauses) if clauses else "changed neither preemptions, queueing nor completions")
     ta, tb = ma.ttft_s.p95, mb.ttft_s.p95
     if name == ARRIVALS and ta is not None and tb is not None:  # what arrivals change first: see ARRIVALS
-        pct = _pct(ta, tb)
-        change = f"{pct:+.0f}%" if math.isfinite(pct) else "from 0"
-        text += f": p95 TTFT {'about the same ' if abs(pct) < P95_SAME_PCT else ''}{change} ({_s(ta)} → {_s(tb)})"
-    ea, eb = ma.e2e_s.p95, mb.e2e_s.p95
-    pct = _pct(ea, eb)
-    change = f"{pct:+.0f}%" if math.isfinite(pct) else "from 0"
-    if abs(pct) < P95_SAME_PCT:
-        text += f": p95 end-to-end about the same ({change}, {_s(ea)} → {_s(eb)})"
-    else:
-        text += f": p95 end-to-end {change} ({_s(ea)} → {_s(eb)})"
+        text += f": {_p95_change('p95 TTFT', ta, tb)}"
+    text += f": {_p95_change('p95 end-to-end', ma.e2e_s.p95, mb.e2e_s.p95)}"
     tail = []
     if pa == 0 and pb == 0:
         tail.append("no preemptions with either")
