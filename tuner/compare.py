@@ -224,8 +224,9 @@ def run_compare(*, model: Path, trace_path: Path, selection: TraceSelection, var
         if variation.kind == "engine":
             config, trace = base_config.merged(**{variation.name: value}), selected
         elif variation.kind == ARRIVALS:  # spread on the recorded clock, before the window, as --spread does
-            config = base_config
-            trace = load_trace(trace_path, replace(selection, spread=value == "spread"), None, format)
+            config = base_config  # (parse_vary refused --spread beside it: the selection as given is "recorded")
+            trace = selected if value == "recorded" else load_trace(trace_path, replace(selection, spread=True),
+                                                                    None, format)
         else:
             config, trace = base_config, reshape_trace(selected, variation.name, value)
         trace = fit_trace(trace, selection, config.max_model_len or info.max_position_embeddings)

@@ -313,8 +313,8 @@ def pace_undecided(pace: Pace | None) -> str | None:
 def score(measurement: Measurement, bound: Boundary, trace_span_s: float, capacity: Capacity | None = None, *,
           judge_pace: bool = False, whole_share: float = 1.0) -> Score:
     """Score a trial that served (measurement.e2e_s.p95 is set: at least one request finished) by its measurement
-    at the reference load and, after a load search, its capacity; `whole_share` of its trace's requests kept their
-    recorded lengths (Score.whole_share). With `judge_pace`, an engine that did not keep up with the arrivals breaks
+    at the reference load and, after a load search, its capacity; `whole_share` of its trace's requests were served
+    as asked (Score.whole_share). With `judge_pace`, an engine that did not keep up with the arrivals breaks
     the boundary too (a load search judges it so; a fixed load never did)."""
     if measurement.e2e_s.p95 is None:
         raise ValueError("a trial in which no request finished has no score")
