@@ -21,8 +21,6 @@ from tuner.workers.engine_config import EngineConfig
 from tuner.workers.measure import Measurement, TrialTimings
 from tuner.workers.trial import TrialRecord
 
-BOUNDARIES = ("interactive", "batch")
-
 
 class TrialState(StrEnum):
     """How a stored trial ended. A str: stored, printed and exported as its value."""
@@ -77,7 +75,7 @@ class StudySettings:
     trace_path: str
     trace_sha256: str
     trace_selection: TraceSelection  # window, rate scale, request cap... as chosen by the user
-    boundary: str  # "interactive" or "batch"
+    boundary: str  # a name in tuner.scoring.BOUNDARIES, checked when the study is created
     limits: dict[str, float | None]  # the user's overrides of the boundary's limits, by limit name (None lifts one)
     space_name: str
     space_text: str  # the search space's YAML, verbatim
@@ -86,10 +84,6 @@ class StudySettings:
     request_timeout_s: float
     startup_timeout_s: float
     load: LoadPolicy = field(default_factory=LoadPolicy)
-
-    def __post_init__(self) -> None:
-        if self.boundary not in BOUNDARIES:
-            raise ValueError(f"boundary must be one of {', '.join(BOUNDARIES)}, not {self.boundary!r}")
 
     def to_dict(self) -> dict[str, Any]:
         """The settings as stored (and exported): JSON-ready values."""

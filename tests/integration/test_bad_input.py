@@ -28,6 +28,7 @@ from conftest import AZURE_CONV, FIXED_LOAD, TRACES
 from tuner.search_spaces import SearchSpace, SpaceContext, load_space
 from checks import assert_valid, mostly
 from tuner.errors import TraceFormatError, TunerError
+from tuner.scoring import BOUNDARIES
 from tuner.traces.readers import READERS, read_trace
 from tuner.traces.selection import TraceSelection, load_trace, parse_window
 from tuner.workers.engine_config import EngineConfig
@@ -434,6 +435,17 @@ def test_after_every_bad_command_the_study_still_runs_from_where_it_was(stored_s
     status = tuner("study", "status", "keep", "--json", "--storage", stored_study["url"])
     assert status.returncode == 0, status.stderr
     assert len(json.loads(status.stdout)["waiting"]) == 2  # the baseline and the enqueued configuration
+
+
+@pytest.mark.parametrize("boundary", sorted(BOUNDARIES))
+def test_every_documented_boundary_creates_a_study_that_keeps_it(stored_study, tmp_path, boundary) -> None:
+    """The stored record once kept a list of names of its own, without long-prompt, and refused it with a
+    traceback after every option had been checked."""
+    url = f"sqlite:///{tmp_path / 'boundary.db'}"
+    created = tuner("study", "create", boundary, *stored_study["base"][:-2], "--boundary", boundary, "--storage", url)
+    assert created.returncode == 0, created.stderr
+    status = tuner("study", "status", boundary, "--json", "--storage", url)
+    assert status.returncode == 0 and json.loads(status.stdout)["boundary"] == boundary, status.stderr
 
 
 def test_names_and_paths_that_look_like_markup_are_printed_as_given(stored_study, tmp_path) -> None:
