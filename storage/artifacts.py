@@ -10,6 +10,11 @@ from optuna.storages import BaseStorage
 from optuna.trial import FrozenTrial, Trial
 
 
+def trial_dir(artifact_dir: Path, study: str, number: int) -> Path:
+    """Where a study's trial keeps its files: its engine's log, its records, and the probes it finished so far."""
+    return Path(artifact_dir) / "trials" / study / f"trial-{number:04d}"
+
+
 def _storage(study: optuna.Study) -> BaseStorage:
     # Optuna has no public accessor, and a FrozenTrial's artifacts cannot be reached without the storage.
     return study._storage

@@ -21,7 +21,7 @@ from tuner.storage.urls import redact_url
 from tuner.errors import NotFound, TunerError
 from tuner.traces.records import Trace
 from tuner.traces.stats import TraceStats
-from tuner.workers.replay import Outcome, RequestRecord
+from tuner.workers.replay import RequestRecord
 
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 SQLITE_BUSY_TIMEOUT_MS = 30_000
@@ -76,7 +76,7 @@ def _columns(row: Base) -> dict[str, Any]:
 def _request(row: RequestRow) -> RequestRecord:
     values = _columns(row)
     del values["id"], values["trial_id"]
-    return RequestRecord(**{**values, "outcome": Outcome(row.outcome)})
+    return RequestRecord.from_dict(values)
 
 
 class Repository:

@@ -27,6 +27,7 @@ from ray.exceptions import RayActorError, RayError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from tuner.errors import TunerError
+from tuner.workers.probe_log import PROBE_LOG
 from tuner.workers.trial import ARTIFACTS, TrialOutcome, TrialSpec, run_trial
 
 WorkerLost = RayActorError  # what ray.get raises when the actor (or its node) died mid-trial
@@ -64,7 +65,7 @@ def _staging_dir(out_dir: Path) -> Path:
 
 def _take_files(folder: Path) -> dict[str, bytes]:
     """The trial's files in staging `folder`, which is then deleted with the folders above it left empty."""
-    files = {name: (folder / name).read_bytes() for name in ARTIFACTS if (folder / name).exists()}
+    files = {name: (folder / name).read_bytes() for name in (*ARTIFACTS, PROBE_LOG) if (folder / name).exists()}
     shutil.rmtree(folder, ignore_errors=True)
     with contextlib.suppress(OSError):  # stops at the first one not empty
         for parent in folder.relative_to(STAGING).parents[:-1]:

@@ -141,18 +141,20 @@ def wait_until_idle(base_url: str, timeout_s: float) -> tuple[bool, float]:
 def run_probes(engine: RunningEngine, trace: Trace, vocab_size: int, plan: LoadPlan, *, seed: int,
                request_timeout_s: float, stop_rule: Callable[[LiveReplay], str | None] | None = None,
                on_request_done: Callable[[RequestRecord], None] | None = None,
-               on_phase: Callable[[str], None] | None = None) -> list[ProbeRun]:
-    """Warm the engine up, then run the probes the plan asks for, until it asks for none or the engine is gone.
-    Every probe begins once vLLM reports nothing running or waiting (or after a wait as long as the request
-    timeout, recorded)."""
+               on_phase: Callable[[str], None] | None = None, earlier: Sequence[ProbeRun] = (),
+               on_probe_done: Callable[[ProbeRun], None] | None = None) -> list[ProbeRun]:
+    """Warm the engine up, then run the probes the plan asks for after the `earlier` ones (finished by an earlier
+    launch of this configuration that was cut off), until it asks for none or the engine is gone. Every probe
+    begins once vLLM reports nothing running or waiting (or after a wait as long as the request timeout,
+    recorded). `on_probe_done` gets each probe this launch finishes."""
     phase = on_phase or (lambda _: None)
-    if plan.warmup_requests:
+    runs = list(earlier)
+    if plan.warmup_requests and plan.next_factor(runs) is not None:
         phase("warming up")
         warmup = cap_requests(trace, plan.warmup_requests)
         asyncio.run(replay(engine.base_url, prepare_requests(warmup, vocab_size, SERVED_MODEL_NAME,
                                                              seed + WARMUP_SEED_OFFSET),
                            timeout_s=request_timeout_s, engine_alive=engine.alive, collect_metrics=False))
-    runs: list[ProbeRun] = []
     while engine.alive() and (factor := plan.next_factor(runs)) is not None:
         index = len(runs)
         probe_seed = seed + index * PROBE_SEED_STRIDE
@@ -168,6 +170,8 @@ def run_probes(engine: RunningEngine, trace: Trace, vocab_size: int, plan: LoadP
         probe = Probe(index, factor, probe_seed, len(probed.requests), measure(result, len(trace.requests)),
                       result.stop_reason, idle, waited, lost)
         runs.append(ProbeRun(probe, result.records, result.timeline))
+        if on_probe_done is not None:
+            on_probe_done(runs[-1])
         if lost:
             break
     return runs

@@ -83,6 +83,11 @@ class RequestRecord:
         data["outcome"] = self.outcome.value
         return data
 
+    @classmethod
+    def from_dict(cls, data: dict) -> RequestRecord:
+        """The record `to_dict` gave."""
+        return cls(**{**data, "outcome": Outcome(data["outcome"])})
+
 
 @dataclass(frozen=True)
 class ReplayRequest:

@@ -19,6 +19,7 @@ from tuner.workers.engine_config import EngineConfig
 from tuner.workers.launch import EngineLaunchError, read_log, start_engine
 from tuner.workers.failures import EngineFailure
 from tuner.workers.measure import Measurement, TrialTimings
+from tuner.workers.probe_log import PROBE_LOG, ProbeLog, ResumedProbes
 from tuner.workers.probes import FixedLoad, LoadPlan, Probe, ProbeRun, run_probes
 from tuner.workers.replay import LiveReplay, RequestRecord
 from tuner.workers.server_metrics import TimelineSample
@@ -63,6 +64,10 @@ class TrialRecord:
     stop_reason: str | None = None  # the first probe was ended early: the boundary could no longer be met
     # Every probe, the first (at the reference load) included; `measurement` is the first's.
     probes: list[Probe] = field(default_factory=list)
+    # The first `resumed_probes` probes were finished by an earlier launch of this configuration, trial
+    # `resumed_from_trial`, that was cut off (tuner.workers.probe_log); this launch ran the rest.
+    resumed_from_trial: int | None = None
+    resumed_probes: int = 0
 
     def to_dict(self) -> dict:
         """JSON-ready, as the trial's measurement.json holds it."""
@@ -91,6 +96,9 @@ class TrialSpec:
     stop_rule: Callable[[LiveReplay], str | None] | None = None
     # Which loads the trial probes: by default one replay of the trace as selected.
     load: LoadPlan = field(default_factory=FixedLoad)
+    # Probes an earlier launch of this configuration finished before it was cut off: used when they were measured
+    # on a machine of this one's kind, the plan then going on after them.
+    resume: ResumedProbes | None = None
 
 
 @dataclass(frozen=True)
@@ -131,10 +139,16 @@ def run_trial(spec: TrialSpec, *, on_request_done: Callable[[RequestRecord], Non
     started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
     spec.out_dir.mkdir(parents=True, exist_ok=True)
     log_path = spec.out_dir / "server.log"
+    hardware = detect_hardware()
+    resume = spec.resume
+    earlier = resume.runs if resume is not None and resume.hardware == hardware.describe() else ()
+    # Written before the launch: a re-run cut off while its engine starts still hands the earlier probes on.
+    probe_log = ProbeLog(spec.out_dir / PROBE_LOG)
+    probe_log.begin(spec.config, hardware.describe(), earlier)
     base = dict(model=str(spec.model), engine_config=spec.config,
                 serve_command=spec.config.serve_command(str(spec.model), list(spec.extra_args)),
                 trace=TrialTrace.of(spec.trace),
-                hardware=detect_hardware(), vllm_version=vllm_version(), started_at=started_at,
+                hardware=hardware, vllm_version=vllm_version(), started_at=started_at,
                 log_path=str(log_path))
     phase("starting engine")
     try:
@@ -150,7 +164,8 @@ def run_trial(spec: TrialSpec, *, on_request_done: Callable[[RequestRecord], Non
     try:
         runs = run_probes(engine, spec.trace, info.vocab_size, spec.load, seed=spec.seed,
                           request_timeout_s=spec.request_timeout_s, stop_rule=spec.stop_rule,
-                          on_request_done=on_request_done, on_phase=phase)
+                          on_request_done=on_request_done, on_phase=phase, earlier=earlier,
+                          on_probe_done=lambda run: None if run.probe.engine_lost else probe_log.append(run))
         # An engine core killed mid-replay fails the requests in flight at once, and the stop rule can act on
         # those failures before the API server exits: a probe stopped early on a dead engine is the engine's death.
         if not engine.alive() or any(run.probe.engine_lost for run in runs) or (
@@ -165,7 +180,9 @@ def run_trial(spec: TrialSpec, *, on_request_done: Callable[[RequestRecord], Non
     timings = TrialTimings(engine.startup_s, replay_s, teardown_s, compile_cache_state(read_log(log_path)))
     record = TrialRecord(**base, argv=engine.argv, timings=timings,
                          measurement=first.measurement if first else None, failure=failure,
-                         stop_reason=first.stop_reason if first else None, probes=probes)
+                         stop_reason=first.stop_reason if first else None, probes=probes,
+                         resumed_from_trial=resume.from_trial if resume and earlier else None,
+                         resumed_probes=len(earlier))
     return _finish(spec, TrialOutcome(record, runs, engine.launched_at))
 
 

@@ -200,6 +200,42 @@ def test_killed_driver_resumes_keeping_finished_trials_and_rerunning_the_interru
     assert after[6].attempt == 2
 
 
+def test_a_trial_cut_off_after_a_probe_is_rerun_from_the_probes_it_finished(tiny_model, tmp_path):
+    """A machine taken back or a driver killed mid-trial: the re-run keeps the probes already finished (each began
+    on an idle engine with prompts of its own seed) and measures only the rest."""
+    storage = f"sqlite:///{tmp_path / 'tuner.db'}"
+    common = ["--storage", storage, "--artifacts", str(tmp_path / "artifacts")]
+    tuner("study", "create", "cut", "--model", str(tiny_model), "--trace", str(AZURE_CONV), "--max-requests", "16",
+          "--rate-scale", "6", "--fit", "clip", "--probe-requests", "24", "--probe-seconds", "3", "--probe-budget",
+          "3", "--precision", "0.5", "--load-range", "0.005:4", *NO_LATENCY_LIMIT_ARGS, *common)
+    args = ["study", "run", "cut", "--no-validate", "--trials", "1", "--heartbeat", "1", "--grace", "2", *common]
+    proc = subprocess.Popen([sys.executable, "-m", "tuner", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    log = tmp_path / "artifacts" / "trials" / "cut" / "trial-0000" / "probes.jsonl"
+    deadline = time.monotonic() + 300
+    while not (log.exists() and len(log.read_text().splitlines()) >= 2):  # the header, then the first probe
+        assert proc.poll() is None and time.monotonic() < deadline, "the baseline never finished its first probe"
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(10)
+    assert optuna.load_study(study_name="cut", storage=storage).trials[0].state is optuna.trial.TrialState.RUNNING
+    for _ in range(60):
+        if not vllm_processes():
+            break
+        time.sleep(0.5)
+    kept = [json.loads(line) for line in log.read_text().splitlines()[1:]]
+    time.sleep(3)  # past the grace period: trial 0 is now stale
+    tuner(*args)
+    frozen = optuna.load_study(study_name="cut", storage=storage).trials[1]
+    assert frozen.user_attrs["baseline"] and frozen.user_attrs["resumed_after"] == {"trial": 0, "probes": len(kept)}
+    record = json.loads((tmp_path / "artifacts" / "trials" / "cut" / "trial-0001" / "measurement.json").read_text())
+    assert (record["resumed_from_trial"], record["resumed_probes"]) == (0, len(kept))
+    assert record["probes"][:len(kept)] == [line["probe"] for line in kept]
+    assert [p["index"] for p in record["probes"]] == list(range(len(record["probes"])))
+    stored = {t.trial_number: t for t in Repository(storage).trials("cut")}
+    assert stored[0].state == "interrupted" and stored[1].state == "complete"
+    assert [p.probe.seed for p in stored[1].probes[:len(kept)]] == [line["probe"]["seed"] for line in kept]
+
+
 def test_a_hopeless_trial_is_pruned_with_its_reason_but_never_the_baseline(tiny_model, tmp_path):
     # p95 e2e within 10 ms cannot be met by any request of 60-odd output tokens on any machine: two requests in
     # flight for 10 ms put the p95 of 16 over it whatever happens next, so the trial is stopped once its second

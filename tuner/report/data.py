@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from tuner.capacity import capacity_of
 from tuner.kv_budget import logged_kv_tokens
 from tuner.scoring import Boundary, Capacity, boundary
-from tuner.storage import StoredTrial, StudyModel, StudySettings
+from tuner.storage import StoredTrial, StudyModel, StudySettings, trial_dir
 # The report reads studies (tuner.study.plan, .recommendation) and never imports the runner, nor Ray with it.
 from tuner.study.plan import load_optuna_study
 from tuner.study.recommendation import Recommendation, find_baseline, recommend
@@ -32,11 +32,6 @@ if TYPE_CHECKING:
     from tuner.study.plan import StoragePlan
 
 TIMELINE_FILE = "timeline.csv"  # t_s,running,waiting,kv_usage, sampled every 0.25 s during the replay
-
-
-def trial_dir(artifact_dir: Path, study: str, number: int) -> Path:
-    """Where a study's trial keeps its files (as tuner.study.runner.StudyRunner writes them)."""
-    return Path(artifact_dir) / "trials" / study / f"trial-{number:04d}"
 
 
 def read_timeline(path: Path) -> list[TimelineSample] | None:

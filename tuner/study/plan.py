@@ -13,10 +13,13 @@ from pathlib import Path
 
 import optuna
 from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
+from optuna.trial import FrozenTrial
 
 from tuner.errors import NotFound
 from tuner.storage import Repository
+from tuner.storage.artifacts import trial_dir
 from tuner.storage.urls import default_artifact_dir, default_storage_url
+from tuner.workers.probe_log import PROBE_LOG, ProbeLog
 
 # The storage has heartbeats, which Optuna marks experimental, and Optuna warns when a study with heartbeats
 # asks for a trial outside study.optimize: the runner drives heartbeats itself (tuner.study.runner), deliberately.
@@ -38,6 +41,23 @@ def _migrated_already(repo: Repository, url: str) -> bool:
     # again) starts empty.
     database = repo.engine.url.database
     return bool(database) and database != ":memory:" and Path(database).exists()
+
+
+class RetryCutTrial(RetryHeartbeatStaleTrialCallback):
+    """Queues a trial whose driver stopped (its heartbeat went stale) to run once more, and a re-run again only if
+    it finished probes of its own: each re-run goes on after the probes kept (tuner.workers.probe_log), so a long
+    trial cut off again and again still ends, and one that gets nowhere is not re-run forever."""
+
+    def __init__(self, artifact_dir: Path):
+        super().__init__()
+        self.artifact_dir = artifact_dir
+
+    def __call__(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        """Queue `trial`'s configuration again, unless it was a re-run that finished no probe of its own."""
+        log = ProbeLog(trial_dir(self.artifact_dir, study.study_name, trial.number) / PROBE_LOG)
+        if self.retry_history(trial) and not log.progressed():
+            return
+        super().__call__(study, trial)
 
 
 @dataclass(frozen=True)
@@ -69,7 +89,7 @@ class StoragePlan:
     def optuna_storage(self) -> RDBStorage:
         """Optuna's storage in the plan's database, with the heartbeat that marks a silent trial's driver dead."""
         return RDBStorage(self.url, heartbeat_interval=self.heartbeat_interval_s, grace_period=self.grace_period_s,
-                          heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=1))
+                          heartbeat_stale_trial_callback=RetryCutTrial(self.artifact_dir))
 
 
 def load_optuna_study(name: str, plan: StoragePlan) -> optuna.Study:

@@ -32,8 +32,9 @@ from tuner.scoring import Rejection, Score, score
 from tuner.search_spaces import PREDICTED_KV_INSUFFICIENT
 from tuner.errors import TunerError
 from tuner.storage import DatabaseUnreachable, Repository, StoredTrial, StudySettings, TrialState, ValidationMark
-from tuner.storage.artifacts import attach_trial_artifacts
-from tuner.study.attrs import BASELINE_ATTR, KV_LOGGED_ATTR, KV_PREDICTION_ATTR, RERUN_ATTR, VALIDATION_ATTR
+from tuner.storage.artifacts import attach_trial_artifacts, trial_dir
+from tuner.study.attrs import (BASELINE_ATTR, KV_LOGGED_ATTR, KV_PREDICTION_ATTR, RERUN_ATTR, RESUMED_ATTR,
+                               VALIDATION_ATTR)
 from tuner.study.create import study_context
 from tuner.study.events import (NO_TIME_LEFT, WINDOW_END, PoolReady, RunEvent, RunReport, TrialDone, TrialStarted,
                                 TrialSummary, WorkerDone)
@@ -44,6 +45,7 @@ from tuner.traces.selection import fit_trace
 from tuner.validation import Arm, Validation, interleaved, unstarted, validations
 from tuner.workers.engine_config import EngineConfig
 from tuner.workers.pool import WorkerLost, WorkerPool, WorkerResult
+from tuner.workers.probe_log import PROBE_LOG, ProbeLog
 from tuner.workers.trial import ARTIFACTS, TrialOutcome, TrialSpec
 
 # Proposals rejected before launch cost no trial of a run's budget, up to this many in a row (a space whose
@@ -102,6 +104,13 @@ def _stops_when_the_database_is_lost(run: Callable) -> Callable:
 def _attempt(study: optuna.Study, trial: optuna.Trial) -> int:
     """1 for a first run; a configuration re-run after its driver died counts its earlier tries."""
     return len(RetryHeartbeatStaleTrialCallback.retry_history(study.get_trials(deepcopy=False)[trial.number])) + 1
+
+
+def _rerun_of(study: optuna.Study, trial: optuna.Trial) -> int | None:
+    """The trial this one runs again, cut off before it finished: the last of Optuna's retries (its driver stopped),
+    else the one a lost worker or a stopped run left (RERUN_ATTR); None for a first run."""
+    history = RetryHeartbeatStaleTrialCallback.retry_history(study.get_trials(deepcopy=False)[trial.number])
+    return history[-1] if history else trial.user_attrs.get(RERUN_ATTR)
 
 
 def _best_capacity(trials: list[StoredTrial]) -> tuple[float | None, float | None]:
@@ -365,12 +374,16 @@ class StudyRunner:
         # A validation launch starts its search where its configuration's capacity was found: most settle their
         # bracket in two probes after the reference, instead of climbing to it again.
         start = self._earlier_capacity(trials, mark) if mark is not None else None
+        # A re-run of a trial cut off goes on after the probes that one finished.
+        rerun_of = _rerun_of(self.study, trial)
+        resume = None if rerun_of is None else self._probe_log(rerun_of).read(rerun_of, config)
         spec = TrialSpec(Path(self.settings.model), trace, config, self._trial_dir(number),
                          startup_timeout_s=self.settings.startup_timeout_s,
                          request_timeout_s=self.settings.request_timeout_s,
                          stop_rule=BoundaryWatch(self.ctx.boundary) if self.prune and not whole else None,
                          load=self.settings.load.for_launch(mark is not None).plan(
-                             self.ctx.boundary, best_factor=best[0], below_reference=whole, start_factor=start))
+                             self.ctx.boundary, best_factor=best[0], below_reference=whole, start_factor=start),
+                         resume=resume)
         # If this driver dies, the heartbeats stop and the next driver re-runs this configuration.
         beat = _Heartbeat(self.storage, trial._trial_id, self.plan.heartbeat_interval_s)
         started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
@@ -404,7 +417,10 @@ class StudyRunner:
                             KvPrediction(estimate, max_model_len, estimate.fit(max_model_len)).to_dict())
 
     def _trial_dir(self, number: int) -> Path:
-        return self.plan.artifact_dir / "trials" / self.settings.name / f"trial-{number:04d}"
+        return trial_dir(self.plan.artifact_dir, self.settings.name, number)
+
+    def _probe_log(self, number: int) -> ProbeLog:
+        return ProbeLog(self._trial_dir(number) / PROBE_LOG)
 
     def _finish(self, job: _InFlight, result: WorkerResult) -> TrialSummary:
         """Bring the worker's files into the driver's artifact store, then score, store and tell."""
@@ -449,12 +465,13 @@ class StudyRunner:
     def _not_finished(self, job: _InFlight, state: TrialState, message: str,
                       failure_class: str | None = None) -> TrialSummary:
         """Ended by something other than its configuration (a lost worker, a stopped run): nothing measured,
-        failed for Optuna (no sampler learns from it), and its configuration queued to run once more, first."""
+        failed for Optuna (no sampler learns from it), and its configuration queued to run once more, first; a
+        re-run is queued again only if it finished probes of its own, which the next goes on after."""
         trial = job.trial
         self._not_measured(trial, job.config, state, failure_class=failure_class, message=message,
                            started_at=job.started_at)
         self.study.tell(trial, state=OptunaState.FAIL)
-        if not trial.user_attrs.get(RERUN_ATTR):
+        if _rerun_of(self.study, trial) is None or self._probe_log(trial.number).progressed():
             attrs = {RERUN_ATTR: trial.number, **{k: trial.user_attrs[k] for k in (BASELINE_ATTR, VALIDATION_ATTR)
                                                   if k in trial.user_attrs}}
             self.study.enqueue_trial(dict(trial.params), user_attrs=attrs, skip_if_exists=False)
@@ -526,6 +543,8 @@ class StudyRunner:
         if held_by is not None:  # for the dashboard: the kind, the load, the figures and a sentence
             trial.set_user_attr(LIMITING_RESOURCE_ATTR, held_by.to_dict())
         trial.set_user_attr("startup_s", record.timings.startup_s)
+        if record.resumed_from_trial is not None:
+            trial.set_user_attr(RESUMED_ATTR, {"trial": record.resumed_from_trial, "probes": record.resumed_probes})
         trial.set_user_attr("compile_cache", record.timings.compile_cache.value)
         if KV_PREDICTION_ATTR in trial.user_attrs:
             try:
