@@ -14,7 +14,7 @@ from tuner.hardware import HardwareInfo
 from tuner.kv_budget import ModelMemory
 from tuner.models import ModelInfo
 from tuner.capacity import JudgedProbe, LoadPolicy
-from tuner.scoring import Rejection, Score
+from tuner.scoring import BOUNDARIES, Rejection, Score
 from tuner.traces.records import TraceFit
 from tuner.traces.selection import TraceSelection
 from tuner.workers.engine_config import EngineConfig
@@ -75,7 +75,7 @@ class StudySettings:
     trace_path: str
     trace_sha256: str
     trace_selection: TraceSelection  # window, rate scale, request cap... as chosen by the user
-    boundary: str  # a name in tuner.scoring.BOUNDARIES, checked when the study is created
+    boundary: str  # a name in tuner.scoring.BOUNDARIES
     limits: dict[str, float | None]  # the user's overrides of the boundary's limits, by limit name (None lifts one)
     space_name: str
     space_text: str  # the search space's YAML, verbatim
@@ -84,6 +84,10 @@ class StudySettings:
     request_timeout_s: float
     startup_timeout_s: float
     load: LoadPolicy = field(default_factory=LoadPolicy)
+
+    def __post_init__(self) -> None:
+        if self.boundary not in BOUNDARIES:
+            raise ValueError(f"boundary must be one of {', '.join(BOUNDARIES)}, not {self.boundary!r}")
 
     def to_dict(self) -> dict[str, Any]:
         """The settings as stored (and exported): JSON-ready values."""

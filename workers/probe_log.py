@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from tuner.workers.engine_config import EngineConfig
@@ -22,10 +22,9 @@ PROBE_LOG = "probes.jsonl"  # beside the trial's server log: a header line, then
 
 @dataclass(frozen=True)
 class ResumedProbes:
-    """The probes an earlier launch of a configuration finished before it was cut off: the trial that launched it,
-    the machine they were measured on (`HardwareInfo.describe()`), and the probes in order."""
+    """The probes an earlier launch of a configuration finished before it was cut off: the machine they were
+    measured on (`HardwareInfo.describe()`), and the probes in order, each naming the trial that measured it."""
 
-    from_trial: int
     hardware: str
     runs: tuple[ProbeRun, ...]
 
@@ -51,21 +50,27 @@ class ProbeLog:
         with open(self.path, "a") as f:
             f.write(json.dumps(line) + "\n")
 
-    def read(self, from_trial: int, config: EngineConfig) -> ResumedProbes | None:
-        """The probes kept, when the log was written for `config` and kept any; None otherwise (no log, another
-        configuration, or nothing readable)."""
+    def read(self, trial: int, config: EngineConfig) -> ResumedProbes | None:
+        """The probes kept by trial `trial`'s launch, when the log was written for `config` and kept any; None
+        otherwise (no log, another configuration, or nothing readable)."""
         header, lines = self._lines()
         if header is None or EngineConfig.from_dict(header["engine_config"]) != config or not lines:
             return None
-        runs = tuple(ProbeRun(Probe.from_dict(line["probe"]),
-                              [RequestRecord.from_dict(r) for r in line["records"]],
-                              [TimelineSample(**s) for s in line["timeline"]]) for line in lines)
-        return ResumedProbes(from_trial, header["hardware"], runs)
+        runs = []
+        for line in lines:
+            probe = Probe.from_dict(line["probe"])
+            if probe.earlier_trial is None:  # its own, not one it resumed after
+                probe = replace(probe, earlier_trial=trial)
+            runs.append(ProbeRun(probe, [RequestRecord.from_dict(r) for r in line["records"]],
+                                 [TimelineSample(**s) for s in line["timeline"]]))
+        return ResumedProbes(header["hardware"], tuple(runs))
 
-    def progressed(self) -> bool:
-        """Whether the launch that wrote the log finished a probe of its own, beyond those it resumed after."""
+    def runs_again(self, rerun: bool) -> bool:
+        """Whether the launch that wrote the log, cut off, is queued to run once more: a first launch always, a
+        re-run only if it finished a probe of its own (so each re-run gets further, and one that gets nowhere is
+        not re-run forever)."""
         header, lines = self._lines()
-        return header is not None and len(lines) > header["resumed"]
+        return not rerun or (header is not None and len(lines) > header["resumed"])
 
     def _lines(self) -> tuple[dict | None, list[dict]]:
         """The header and the probe lines; a last line cut short by the machine's loss is left out."""

@@ -42,6 +42,9 @@ class Probe:
     idle_at_start: bool = True  # vLLM reported nothing running or waiting when it began
     idle_wait_s: float = 0.0  # how long it waited for that
     engine_lost: bool = False  # the engine stopped during the probe
+    # Measured by an earlier launch of this configuration, this trial of the study, that was cut off before it ended
+    # (tuner.workers.probe_log); None: by the launch whose probes it is listed with.
+    earlier_trial: int | None = None
 
     @property
     def offered_rps(self) -> float | None:
@@ -53,7 +56,7 @@ class Probe:
         return {"index": self.index, "factor": self.factor, "seed": self.seed, "requests": self.requests,
                 "measurement": self.measurement.to_dict() if self.measurement else None,
                 "stop_reason": self.stop_reason, "idle_at_start": self.idle_at_start,
-                "idle_wait_s": self.idle_wait_s, "engine_lost": self.engine_lost}
+                "idle_wait_s": self.idle_wait_s, "engine_lost": self.engine_lost, "earlier_trial": self.earlier_trial}
 
     @classmethod
     def from_dict(cls, data: dict) -> Probe:

@@ -63,11 +63,8 @@ class TrialRecord:
     argv: list[str] = field(default_factory=list)
     stop_reason: str | None = None  # the first probe was ended early: the boundary could no longer be met
     # Every probe, the first (at the reference load) included; `measurement` is the first's.
+    # A trial that resumed after the probes of an earlier launch cut off lists those first (`Probe.earlier_trial`).
     probes: list[Probe] = field(default_factory=list)
-    # The first `resumed_probes` probes were finished by an earlier launch of this configuration, trial
-    # `resumed_from_trial`, that was cut off (tuner.workers.probe_log); this launch ran the rest.
-    resumed_from_trial: int | None = None
-    resumed_probes: int = 0
 
     def to_dict(self) -> dict:
         """JSON-ready, as the trial's measurement.json holds it."""
@@ -180,9 +177,7 @@ def run_trial(spec: TrialSpec, *, on_request_done: Callable[[RequestRecord], Non
     timings = TrialTimings(engine.startup_s, replay_s, teardown_s, compile_cache_state(read_log(log_path)))
     record = TrialRecord(**base, argv=engine.argv, timings=timings,
                          measurement=first.measurement if first else None, failure=failure,
-                         stop_reason=first.stop_reason if first else None, probes=probes,
-                         resumed_from_trial=resume.from_trial if resume and earlier else None,
-                         resumed_probes=len(earlier))
+                         stop_reason=first.stop_reason if first else None, probes=probes)
     return _finish(spec, TrialOutcome(record, runs, engine.launched_at))
 
 

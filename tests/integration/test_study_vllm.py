@@ -226,11 +226,15 @@ def test_a_trial_cut_off_after_a_probe_is_rerun_from_the_probes_it_finished(tiny
     time.sleep(3)  # past the grace period: trial 0 is now stale
     tuner(*args)
     frozen = optuna.load_study(study_name="cut", storage=storage).trials[1]
-    assert frozen.user_attrs["baseline"] and frozen.user_attrs["resumed_after"] == {"trial": 0, "probes": len(kept)}
+    assert frozen.user_attrs["baseline"] and frozen.user_attrs["resumed_after"] == {"trials": [0], "probes": len(kept)}
     record = json.loads((tmp_path / "artifacts" / "trials" / "cut" / "trial-0001" / "measurement.json").read_text())
-    assert (record["resumed_from_trial"], record["resumed_probes"]) == (0, len(kept))
-    assert record["probes"][:len(kept)] == [line["probe"] for line in kept]
+    assert record["probes"][:len(kept)] == [{**line["probe"], "earlier_trial": 0} for line in kept]
     assert [p["index"] for p in record["probes"]] == list(range(len(record["probes"])))
+    assert all(p["earlier_trial"] is None for p in record["probes"][len(kept):])
+    which = "probe 1" if len(kept) == 1 else f"probes 1-{len(kept)}"
+    report = tuner("study", "report", "cut", *common).stdout
+    assert f"{which} measured by an earlier launch of this configuration, cut off before it ended (trial 0)" \
+        in report, report
     stored = {t.trial_number: t for t in Repository(storage).trials("cut")}
     assert stored[0].state == "interrupted" and stored[1].state == "complete"
     assert [p.probe.seed for p in stored[1].probes[:len(kept)]] == [line["probe"]["seed"] for line in kept]

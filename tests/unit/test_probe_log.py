@@ -3,6 +3,8 @@ retry of a trial whose driver stopped: once, then again only after a re-run that
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import optuna
 import pytest
 
@@ -25,18 +27,23 @@ def _run(index: int, **probe) -> ProbeRun:
                     timeline)
 
 
-def test_finished_probes_read_back_as_they_were_written(tmp_path):
+def _by(trial: int, run: ProbeRun) -> ProbeRun:
+    """The run as a re-run reads it back: measured by trial `trial`."""
+    return ProbeRun(replace(run.probe, earlier_trial=trial), run.records, run.timeline)
+
+
+def test_finished_probes_read_back_as_they_were_written_naming_the_trial_that_measured_them(tmp_path):
     log = ProbeLog(tmp_path / PROBE_LOG)
     log.begin(CONFIG, MACHINE, [])
     runs = [_run(0), _run(1, stop_reason="p95 TTFT cannot meet it")]
     for run in runs:
         log.append(run)
-    assert log.read(7, CONFIG) == ResumedProbes(7, MACHINE, tuple(runs))
+    assert log.read(7, CONFIG) == ResumedProbes(MACHINE, tuple(_by(7, run) for run in runs))
 
 
 def test_a_log_of_another_configuration_or_of_no_probe_resumes_nothing(tmp_path):
     log = ProbeLog(tmp_path / PROBE_LOG)
-    assert log.read(0, CONFIG) is None and not log.progressed()  # no log at all
+    assert log.read(0, CONFIG) is None and not log.runs_again(rerun=True)  # no log at all
     log.begin(CONFIG, MACHINE, [])
     assert log.read(0, CONFIG) is None  # cut off before its first probe ended
     log.append(_run(0))
@@ -53,15 +60,15 @@ def test_a_last_line_cut_short_by_the_machines_loss_is_left_out(tmp_path):
     assert resumed is not None and [r.probe.index for r in resumed.runs] == [0]
 
 
-def test_a_rerun_hands_the_probes_it_resumed_on_and_progressed_counts_only_its_own(tmp_path):
-    earlier = [_run(0), _run(1)]
+def test_a_rerun_hands_on_the_probes_it_resumed_after_and_runs_again_only_after_one_of_its_own(tmp_path):
+    earlier = [_by(2, _run(0)), _by(3, _run(1))]  # trial 4 resumed after trial 2's probe and trial 3's
     log = ProbeLog(tmp_path / PROBE_LOG)
     log.begin(CONFIG, MACHINE, earlier)
-    assert not log.progressed()
-    assert log.read(3, CONFIG) == ResumedProbes(3, MACHINE, tuple(earlier))
+    assert not log.runs_again(rerun=True) and log.runs_again(rerun=False)
+    assert log.read(4, CONFIG) == ResumedProbes(MACHINE, tuple(earlier))
     log.append(_run(2))
-    assert log.progressed()
-    assert [r.probe.index for r in log.read(3, CONFIG).runs] == [0, 1, 2]
+    assert log.runs_again(rerun=True)
+    assert [(r.probe.index, r.probe.earlier_trial) for r in log.read(4, CONFIG).runs] == [(0, 2), (1, 3), (2, 4)]
 
 
 @pytest.fixture

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from tuner.studies import (BaselineAnswer, BestSoFar, LimitingResourceAnswer, RecommendationAnswer, ReportAnswer,
                                TrialRowAnswer)
     from tuner.study.events import TrialSummary
+    from tuner.workers.probes import Probe
 
 
 def _role(s: TrialSummary) -> str:
@@ -95,7 +96,22 @@ def print_probe_ladder(judged: Sequence[JudgedProbe], capacity: Capacity, title:
     for j in judged:
         for reason in j.reasons:
             out.print(f"probe {j.probe.index + 1}: {reason}", highlight=False, soft_wrap=True)
+    if resumed := resumed_text([j.probe for j in judged]):
+        out.print(resumed, highlight=False, soft_wrap=True)
     out.print(ladder_capacity_line(capacity), highlight=False, soft_wrap=True)
+
+
+def resumed_text(probes: Sequence[Probe]) -> str | None:
+    """`probes 1-2 measured by an earlier launch of this configuration, cut off before it ended (trial 0)`, for a
+    trial that resumed after an earlier launch's probes; None for one that measured all of its own."""
+    earlier = [p for p in probes if p.earlier_trial is not None]
+    if not earlier:
+        return None
+    first, last = earlier[0].index + 1, earlier[-1].index + 1
+    trials = sorted({p.earlier_trial for p in earlier if p.earlier_trial is not None})
+    which = f"probe {first}" if first == last else f"probes {first}-{last}"
+    by = f"trial {trials[0]}" if len(trials) == 1 else "trials " + ", ".join(map(str, trials))
+    return f"{which} measured by an earlier launch of this configuration, cut off before it ended ({by})"
 
 
 def ladder_capacity_line(capacity: Capacity) -> str:
@@ -122,6 +138,10 @@ def report_trial_line(r: TrialRowAnswer) -> str:
         what += f", capacity {capacity_line(r.capacity) or 'none'}"
     if r.trace_fit is not None:
         what += f", {r.trace_fit.describe()}"
+    from tuner.capacity import JudgedProbe
+
+    if resumed := resumed_text([JudgedProbe.from_dict(p).probe for p in r.probes or []]):
+        what += f", {resumed}"
     settings = ", ".join(f"{k}={v}" for k, v in r.settings.items()) or "vLLM defaults"
     held_by = r.limiting_resource
     return (f"{head}: {what} | {settings}" + (f" | limited by {held_by.sentence}" if held_by else "")

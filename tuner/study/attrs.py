@@ -3,7 +3,7 @@ write them and those that read them back."""
 
 BASELINE_ATTR = "baseline"  # vLLM's default configuration, run first by every study
 RERUN_ATTR = "rerun_of"  # a configuration re-run because its worker was lost or its run stopped mid-trial
-RESUMED_ATTR = "resumed_after"  # a re-run that went on after the probes of the trial cut off: {"trial", "probes"}
+RESUMED_ATTR = "resumed_after"  # a re-run that went on after earlier launches' probes: {"trials", "probes"}
 WARM_START_ATTR = "warm_start_from"  # a configuration carried over from an earlier study
 KV_PREDICTION_ATTR = "kv_prediction"  # a launched trial's estimated KV cache (KvPrediction.to_dict())...
 KV_LOGGED_ATTR = "kv_logged_tokens"  # ...and the size vLLM then logged, beside its state and failure class

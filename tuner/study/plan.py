@@ -53,9 +53,9 @@ class RetryCutTrial(RetryHeartbeatStaleTrialCallback):
         self.artifact_dir = artifact_dir
 
     def __call__(self, study: optuna.Study, trial: FrozenTrial) -> None:
-        """Queue `trial`'s configuration again, unless it was a re-run that finished no probe of its own."""
+        """Queue `trial`'s configuration again (`ProbeLog.runs_again`)."""
         log = ProbeLog(trial_dir(self.artifact_dir, study.study_name, trial.number) / PROBE_LOG)
-        if self.retry_history(trial) and not log.progressed():
+        if not log.runs_again(rerun=bool(self.retry_history(trial))):
             return
         super().__call__(study, trial)
 

@@ -471,7 +471,7 @@ class StudyRunner:
         self._not_measured(trial, job.config, state, failure_class=failure_class, message=message,
                            started_at=job.started_at)
         self.study.tell(trial, state=OptunaState.FAIL)
-        if _rerun_of(self.study, trial) is None or self._probe_log(trial.number).progressed():
+        if self._probe_log(trial.number).runs_again(rerun=_rerun_of(self.study, trial) is not None):
             attrs = {RERUN_ATTR: trial.number, **{k: trial.user_attrs[k] for k in (BASELINE_ATTR, VALIDATION_ATTR)
                                                   if k in trial.user_attrs}}
             self.study.enqueue_trial(dict(trial.params), user_attrs=attrs, skip_if_exists=False)
@@ -543,8 +543,9 @@ class StudyRunner:
         if held_by is not None:  # for the dashboard: the kind, the load, the figures and a sentence
             trial.set_user_attr(LIMITING_RESOURCE_ATTR, held_by.to_dict())
         trial.set_user_attr("startup_s", record.timings.startup_s)
-        if record.resumed_from_trial is not None:
-            trial.set_user_attr(RESUMED_ATTR, {"trial": record.resumed_from_trial, "probes": record.resumed_probes})
+        resumed = [p.earlier_trial for p in record.probes if p.earlier_trial is not None]
+        if resumed:
+            trial.set_user_attr(RESUMED_ATTR, {"trials": sorted(set(resumed)), "probes": len(resumed)})
         trial.set_user_attr("compile_cache", record.timings.compile_cache.value)
         if KV_PREDICTION_ATTR in trial.user_attrs:
             try:
