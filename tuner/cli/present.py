@@ -126,6 +126,8 @@ def ladder_capacity_line(capacity: Capacity) -> str:
 def report_trial_line(r: TrialRowAnswer) -> str:
     """One of the report's trial rows in one line: `  trial 2 (recommended): complete, 16/16 at 1.7 req/s, ...
     | settings | why`."""
+    from tuner.capacity import JudgedProbe  # at call time: the CLI starts without the scoring stack
+
     head = f"  trial {r.trial}" + (f" (attempt {r.attempt})" if r.attempt > 1 else "")
     head += f" ({', '.join(r.roles)})" if r.roles else ""
     what = r.state + (f" [{r.failure_class}]" if r.failure_class else "")
@@ -138,8 +140,6 @@ def report_trial_line(r: TrialRowAnswer) -> str:
         what += f", capacity {capacity_line(r.capacity) or 'none'}"
     if r.trace_fit is not None:
         what += f", {r.trace_fit.describe()}"
-    from tuner.capacity import JudgedProbe
-
     if resumed := resumed_text([JudgedProbe.from_dict(p).probe for p in r.probes or []]):
         what += f", {resumed}"
     settings = ", ".join(f"{k}={v}" for k, v in r.settings.items()) or "vLLM defaults"
