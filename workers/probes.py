@@ -152,13 +152,14 @@ def run_probes(engine: RunningEngine, trace: Trace, vocab_size: int, plan: LoadP
     recorded). `on_probe_done` gets each probe this launch finishes."""
     phase = on_phase or (lambda _: None)
     runs = list(earlier)
-    if plan.warmup_requests and plan.next_factor(runs) is not None:
+    factor = plan.next_factor(runs)
+    if plan.warmup_requests and factor is not None:  # none when the earlier probes settled the plan already
         phase("warming up")
         warmup = cap_requests(trace, plan.warmup_requests)
         asyncio.run(replay(engine.base_url, prepare_requests(warmup, vocab_size, SERVED_MODEL_NAME,
                                                              seed + WARMUP_SEED_OFFSET),
                            timeout_s=request_timeout_s, engine_alive=engine.alive, collect_metrics=False))
-    while engine.alive() and (factor := plan.next_factor(runs)) is not None:
+    while factor is not None and engine.alive():
         index = len(runs)
         probe_seed = seed + index * PROBE_SEED_STRIDE
         phase(f"waiting for an idle engine before probe {index + 1}")
@@ -177,4 +178,5 @@ def run_probes(engine: RunningEngine, trace: Trace, vocab_size: int, plan: LoadP
             on_probe_done(runs[-1])
         if lost:
             break
+        factor = plan.next_factor(runs)
     return runs
