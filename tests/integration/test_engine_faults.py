@@ -328,9 +328,9 @@ def test_with_fit_clip_every_request_is_served_and_the_clipped_count_is_recorded
 
 
 @dataclass(frozen=True)
-class KillBeforeSecondProbe:
-    """A load plan of two probes that SIGKILLs this test's vLLM servers when asked for the second one, so that
-    the engine dies while the second probe runs."""
+class KillDuringSecondProbe:
+    """A load plan of two probes that, once asked for the second, SIGKILLs this test's vLLM server as soon as the
+    server begins answering a request of that probe: the engine dies while the probe runs, not between probes."""
 
     warmup_requests: int = 0
     min_requests: int = 0
@@ -340,18 +340,27 @@ class KillBeforeSecondProbe:
         if not runs:
             return 1.0
         if len(runs) == 1:
-            for proc in vllm_processes():
-                if "vllm.entrypoints" in " ".join(proc.cmdline()):
-                    proc.send_signal(signal.SIGKILL)
+            # This process's own server: another test worker's may be running beside it.
+            server = next(proc for proc in psutil.Process().children(recursive=True)
+                          if proc.cmdline()[1:3] == SERVER_MODULE)
+            log = Path(os.readlink(f"/proc/{server.pid}/fd/1"))  # the trial's server.log, written unbuffered
+            served = log.read_text(errors="replace").count(SERVED)
+            threading.Thread(target=_kill_once_served, args=(server, log, served), daemon=True).start()
             return 2.0
         return None
+
+
+def _kill_once_served(server: psutil.Process, log: Path, served_before: int) -> None:
+    while server.is_running() and log.read_text(errors="replace").count(SERVED) <= served_before:
+        time.sleep(0.02)
+    server.send_signal(signal.SIGKILL)
 
 
 @pytest.mark.vllm
 def test_an_engine_that_dies_during_a_later_probe_is_engine_died_with_the_probes_so_far_kept(tiny_model, tmp_path):
     trace = load_trace(AZURE_CONV, TraceSelection(max_requests=8, rate_scale=100.0, fit="clip"), 1024)
     config = EngineConfig(max_model_len=1024, enforce_eager=True, kv_cache_memory_bytes=KV_BYTES)
-    outcome = run_trial(TrialSpec(tiny_model, trace, config, tmp_path, load=KillBeforeSecondProbe()))
+    outcome = run_trial(TrialSpec(tiny_model, trace, config, tmp_path, load=KillDuringSecondProbe()))
     record = outcome.record
     assert record.failure is not None and record.failure.kind.value == "engine_died"
     first, second = record.probes
