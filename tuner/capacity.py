@@ -21,7 +21,8 @@ from typing import Any
 
 from tuner.errors import TunerError
 from tuner.scoring import Boundary, Capacity, pace_undecided, pace_violations, score
-from tuner.workers.probes import FixedLoad, LoadPlan, Probe, ProbeRun
+from tuner.traces.records import Trace
+from tuner.workers.probes import FixedLoad, LoadPlan, Probe, ProbeRun, probe_trace
 from tuner.workers.replay import RequestRecord
 
 LOAD_MODES = ("search", "fixed")
@@ -214,6 +215,27 @@ class LoadPolicy:
         if self.mode == "fixed":
             return FixedLoad()
         return LoadSearch(self, bound, best_factor, below_reference, start_factor)
+
+
+@dataclass(frozen=True)
+class ProbeLength:
+    """How long a study's trials replay, known before any runs: its probe at the reference load, and how many probes
+    a trial runs at most. Every probe's arrivals last at least as long as that one's (a probe at a higher load
+    repeats the trace to last as long, one at F times less lasts F times as long), so a trial that spends its budget
+    replays for at least `probes` times `arrival_s`, startup and drains aside."""
+
+    requests: int  # in the probe at the reference load
+    offered_rps: float
+    arrival_s: float  # how long its arrivals last; it ends within the request timeout of the last
+    probes: int  # a trial's probes at most: 1 at a fixed load; a validation launch's, twice as many in a search
+
+    @classmethod
+    def of(cls, trace: Trace, policy: LoadPolicy, bound: Boundary) -> ProbeLength:
+        """The probes of a study replaying `trace` (as selected) under `policy` and `bound`."""
+        plan = policy.plan(bound)
+        probed = probe_trace(trace, 1.0, plan.min_requests, plan.min_span_s)
+        probes = policy.probe_budget if policy.mode == "search" else 1
+        return cls(len(probed.requests), probed.rate_rps, probed.span_s, probes)
 
 
 @dataclass(frozen=True)

@@ -24,3 +24,16 @@ def parse_duration(text: str) -> float:
     if not math.isfinite(seconds) or seconds <= 0:
         raise TunerError(f"a duration must be more than 0 s, got {text!r}")
     return seconds
+
+
+def format_duration(seconds: float) -> str:
+    """`seconds` as `parse_duration` reads it back: `0.25s` and `45s` to three digits, `5m22s` and `1h02m10s` to the
+    second."""
+    if seconds < 59.5:
+        return f"{seconds:.3g}s"
+    total = round(seconds)
+    hours, rest = divmod(total, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h{minutes:02d}m{secs:02d}s"
+    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"

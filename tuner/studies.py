@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Optional, Protocol, Union
 
@@ -117,8 +118,19 @@ class ModelAnswer(Answer):
     memory: Optional[ModelMemory] = None  # the dataclass itself: pydantic validates and describes it
 
 
+class ProbeLengthAnswer(Answer):
+    """How long the study's trials will replay (`tuner.capacity.ProbeLength`): its probe at the reference load (the
+    requests, their offered req/s and how long their arrivals last), and a trial's probes at most."""
+
+    requests: int
+    offered_rps: Number
+    arrival_s: Number
+    probes: int
+
+
 class StudyCreated(Answer):
-    """The study's settings as stored, where it is stored, and its warm start when one was asked for."""
+    """The study's settings as stored, where it is stored, how long its trials will replay, and its warm start when
+    one was asked for."""
 
     name: str
     created_at: str
@@ -137,6 +149,7 @@ class StudyCreated(Answer):
     startup_timeout_s: Number
     extra: Empty
     storage: str
+    probe_length: ProbeLengthAnswer
     warm_start: Optional[WarmStartAnswer] = Field(None, description="Only when a warm start was asked for.")
 
 
@@ -546,7 +559,7 @@ class LocalStudies:
         trace = latest_trace(Path(request.trace_latest)) if request.trace_latest else request.trace
         if request.warm_from is not None:
             self.plan.repository().get_study(request.warm_from)  # before anything is created
-        settings = create_study(
+        new = create_study(
             request.name, model=request.model or default_model(), trace_path=trace or bundled_trace(),
             selection=TraceSelection.from_options(request.window, request.max_requests, request.rate_scale,
                                                   request.fit, request.spread),
@@ -555,7 +568,8 @@ class LocalStudies:
             request_timeout_s=request.request_timeout_s, startup_timeout_s=request.startup_timeout_s,
             load=LoadPolicy.from_options(request.load, request.precision, request.probe_budget, request.load_range,
                                          request.probe_requests, request.probe_seconds))
-        created = {**settings.to_dict(), "storage": redact_url(self.plan.url)}
+        created = {**new.settings.to_dict(), "storage": redact_url(self.plan.url),
+                   "probe_length": asdict(new.probe_length)}
         if request.warm_from is not None or request.trace_latest is not None:
             carried = warm_start(request.name, self.plan, request.warm_from)
             created["warm_start"] = carried.to_dict() if carried else None

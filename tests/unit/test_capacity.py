@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from tests.factories import study_settings
-from tuner.capacity import (DECISIVE_REQUESTS, JudgedProbe, LoadPolicy, LoadSearch, Verdict, capacity_of, judge_probe,
-                            wilson_interval)
+from tuner.capacity import (DECISIVE_REQUESTS, JudgedProbe, LoadPolicy, LoadSearch, ProbeLength, Verdict, capacity_of,
+                            judge_probe, wilson_interval)
 from tuner.errors import TunerError
 from tuner.paths import bundled_trace
 from tuner.scoring import (STEADY_CARRIED, STEADY_SHORTFALL_MIN, STEADY_SHORTFALL_SHARE, STEADY_TREND, boundary,
@@ -411,3 +411,15 @@ def test_a_search_on_requests_that_all_arrive_at_once_is_refused():
                                          "over time, or --load fixed"):
         LoadPolicy().refuse_undecidable(LIFTED, trace_requests=8, trace_span_s=0.0)
     LoadPolicy.fixed().refuse_undecidable(LIFTED, trace_requests=8, trace_span_s=0.0)  # one replay, as it is
+
+
+def test_a_studys_probe_length_is_its_probe_at_the_reference_load_and_its_budget():
+    # 16 requests over 6 s: one copy and a mean gap last 6.4 s, so 20 s of arrivals take 4 copies (64 requests over
+    # 3 x 6.4 + 6 = 25.2 s), more than the 3 copies that 40 requests would.
+    trace = Trace("synthetic", "native", "0" * 64, tuple(TraceRequest(i * 0.4, 16, 8) for i in range(16)))
+    searched = ProbeLength.of(trace, LoadPolicy(probe_requests=40, probe_seconds=20.0, probe_budget=3),
+                              boundary("batch"))
+    assert (searched.requests, searched.probes) == (64, 3)
+    assert searched.arrival_s == pytest.approx(25.2) and searched.offered_rps == pytest.approx(64 / 25.2)
+    fixed = ProbeLength.of(trace, LoadPolicy.fixed(), boundary("batch"))
+    assert (fixed.requests, fixed.arrival_s, fixed.probes) == (16, pytest.approx(6.0), 1)

@@ -12,13 +12,14 @@ from rich.text import Text
 
 from tuner.console import fmt, out
 from tuner.describe import capacity_line, context_line, throughput_line
+from tuner.durations import format_duration
 from tuner.study.recommendation import capacity_sentence, gain_sentence
 
 if TYPE_CHECKING:
     from tuner.capacity import JudgedProbe
     from tuner.scoring import Capacity
-    from tuner.studies import (BaselineAnswer, BestSoFar, LimitingResourceAnswer, RecommendationAnswer, ReportAnswer,
-                               TrialRowAnswer)
+    from tuner.studies import (BaselineAnswer, BestSoFar, LimitingResourceAnswer, ProbeLengthAnswer,
+                               RecommendationAnswer, ReportAnswer, TrialRowAnswer)
     from tuner.study.events import TrialSummary
     from tuner.workers.probes import Probe
 
@@ -30,6 +31,20 @@ def _role(s: TrialSummary) -> str:
         what = "vLLM's default" if mark.default else f"trial {mark.of_trial}"
         return f" (validation, round {mark.round} of {mark.repeats}: {what})"
     return " (baseline)" if s.baseline else ""
+
+
+def probe_length_line(length: ProbeLengthAnswer, request_timeout_s: float) -> str:
+    """How long a new study's trials will replay, so that people can budget the machine's time before they run it:
+    `each probe replays 100 requests over 5m22s of arrivals (0.311 req/s) at the reference load, ...`."""
+    arrivals = (f"{length.requests} requests over {format_duration(length.arrival_s)} of arrivals "
+                f"({length.offered_rps:.3g} req/s)")
+    ends = f"ends within the request timeout ({format_duration(request_timeout_s)}) of its last arrival"
+    if length.probes == 1:
+        return f"each trial replays {arrivals} and {ends}"
+    return (f"each probe replays {arrivals} at the reference load, as long above it and F times as long at F times "
+            f"less, and {ends}; a trial runs up to {length.probes} probes (a validation launch "
+            f"{2 * length.probes}): at least {format_duration(length.probes * length.arrival_s)} of arrivals when it "
+            f"spends them, startup aside")
 
 
 def summary_line(s: TrialSummary) -> str:

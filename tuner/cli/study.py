@@ -13,7 +13,7 @@ from tuner.cli.options import (BOUNDARY_HELP, ArtifactsOption, JsonOption, Limit
                                ModelOption, PrecisionOption, ProbeBudgetOption, ProbeRequestsOption, ProbeSecondsOption,
                                RequestTimeoutOption, ServerOption, SetOption, SpreadOption, StartupTimeoutOption,
                                StorageOption, StudyArgument, TokenFileOption, TraceOption, study_answers)
-from tuner.cli.present import best_so_far_line, default_line, print_recommendation
+from tuner.cli.present import best_so_far_line, default_line, print_recommendation, probe_length_line
 from tuner.cli.run import study_run, study_validate
 from tuner.console import err, out, print_json
 from tuner.errors import TunerError
@@ -77,6 +77,7 @@ def study_create(
     out.print(f"study {name} created in {created.storage}: space {created.space_name}, "
               f"boundary {created.boundary}, trace {Path(created.trace_path).name}; "
               f"run it with `tuner study run {name} --trials N`")
+    out.print(probe_length_line(created.probe_length, created.request_timeout_s), highlight=False)
     if "warm_start" in created.model_fields_set:
         warm = created.warm_start
         if warm is None:

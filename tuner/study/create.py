@@ -14,7 +14,7 @@ from tuner.hardware import detect_hardware
 from tuner.kv_budget import DeviceMemory, ModelMemory, read_model_memory
 from tuner.models import ModelInfo, inspect_model
 from tuner.samplers import DEFAULT_SAMPLER, make_sampler
-from tuner.capacity import LoadPolicy
+from tuner.capacity import LoadPolicy, ProbeLength
 from tuner.scoring import DIRECTIONS, OBJECTIVE_NAMES, SEARCH_OBJECTIVE_NAMES, Boundary, boundary
 from tuner.search_spaces import SearchSpace, SpaceContext, load_space, parse_space
 from tuner.search_spaces.derive import AUTO_SPACE, derive_space
@@ -67,10 +67,18 @@ def machine_space_context(info: ModelInfo, memory: ModelMemory, trace: Trace, fi
     return SpaceContext.for_run(platform, info, trace, fit, memory, DeviceMemory.of_machine(hardware))
 
 
+@dataclass(frozen=True)
+class CreatedStudy:
+    """A study just stored, and how long its trials will replay."""
+
+    settings: StudySettings
+    probe_length: ProbeLength
+
+
 def create_study(name: str, *, model: str | Path, trace_path: str | Path, selection: TraceSelection,
                  space: str | Path, boundary_name: str, limits: dict, plan: StoragePlan, sampler: str = DEFAULT_SAMPLER,
                  seed: int | None = None, request_timeout_s: float = 600.0,
-                 startup_timeout_s: float = 600.0, load: LoadPolicy | None = None) -> StudySettings:
+                 startup_timeout_s: float = 600.0, load: LoadPolicy | None = None) -> CreatedStudy:
     """Check everything a run will need, then store the study and enqueue its baseline."""
     if not name or len(name) > 200:
         raise TunerError("a study name must be 1 to 200 characters")
@@ -80,6 +88,7 @@ def create_study(name: str, *, model: str | Path, trace_path: str | Path, select
     info = inspect_model(model)
     trace = load_trace(trace_path, selection)
     load.refuse_undecidable(bound, len(trace.requests), trace.span_s)
+    probe_length = ProbeLength.of(trace, load, bound)
     memory = read_model_memory(model)
     space_context = machine_space_context(info, memory, trace, selection.fit)
     loaded_space = (derive_space(memory, space_context.device, trace, selection.fit).space
@@ -107,7 +116,7 @@ def create_study(name: str, *, model: str | Path, trace_path: str | Path, select
     study.set_user_attr("boundary", bound.to_dict())
     study.set_user_attr("space", loaded_space.name)
     study.enqueue_trial({}, user_attrs={BASELINE_ATTR: True})
-    return settings
+    return CreatedStudy(settings, probe_length)
 
 
 def enqueue_config(name: str, plan: StoragePlan, config: EngineConfig, user_attrs: dict | None = None) -> None:
