@@ -153,7 +153,8 @@ def run_probes(engine: RunningEngine, trace: Trace, vocab_size: int, plan: LoadP
     phase = on_phase or (lambda _: None)
     runs = list(earlier)
     factor = plan.next_factor(runs)
-    if plan.warmup_requests and factor is not None:  # none when the earlier probes settled the plan already
+    # No factor: the earlier probes settled the plan already.
+    if plan.warmup_requests and factor is not None and engine.alive():
         phase("warming up")
         warmup = cap_requests(trace, plan.warmup_requests)
         asyncio.run(replay(engine.base_url, prepare_requests(warmup, vocab_size, SERVED_MODEL_NAME,
