@@ -4,6 +4,7 @@ killed and resumed, export, and the Optuna dashboard in headless Chromium."""
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -205,9 +206,11 @@ def test_a_trial_cut_off_after_a_probe_is_rerun_from_the_probes_it_finished(tiny
     on an idle engine with prompts of its own seed) and measures only the rest."""
     storage = f"sqlite:///{tmp_path / 'tuner.db'}"
     common = ["--storage", storage, "--artifacts", str(tmp_path / "artifacts")]
-    tuner("study", "create", "cut", "--model", str(tiny_model), "--trace", str(AZURE_CONV), "--max-requests", "16",
-          "--rate-scale", "6", "--fit", "clip", "--probe-requests", "24", "--probe-seconds", "3", "--probe-budget",
-          "3", "--precision", "0.5", "--load-range", "0.005:4", *NO_LATENCY_LIMIT_ARGS, *common)
+    created = tuner("study", "create", "cut", "--model", str(tiny_model), "--trace", str(AZURE_CONV), "--max-requests",
+                    "16", "--rate-scale", "6", "--fit", "clip", "--probe-requests", "24", "--probe-seconds", "3",
+                    "--probe-budget", "3", "--precision", "0.5", "--load-range", "0.005:4", *NO_LATENCY_LIMIT_ARGS,
+                    *common, "--json")
+    length = json.loads(created.stdout)["probe_length"]
     args = ["study", "run", "cut", "--no-validate", "--trials", "1", "--heartbeat", "1", "--grace", "2", *common]
     proc = subprocess.Popen([sys.executable, "-m", "tuner", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     log = tmp_path / "artifacts" / "trials" / "cut" / "trial-0000" / "probes.jsonl"
@@ -218,6 +221,8 @@ def test_a_trial_cut_off_after_a_probe_is_rerun_from_the_probes_it_finished(tiny
     proc.send_signal(signal.SIGKILL)
     proc.wait(10)
     assert optuna.load_study(study_name="cut", storage=storage).trials[0].state is optuna.trial.TrialState.RUNNING
+    status = tuner("study", "status", "cut", *common).stdout
+    assert re.search(r"trials ended\s*│\s*0\b", status) and re.search(r"in flight\s*│\s*trial 0\b", status), status
     for _ in range(60):
         if not vllm_processes():
             break
@@ -230,6 +235,10 @@ def test_a_trial_cut_off_after_a_probe_is_rerun_from_the_probes_it_finished(tiny
     record = json.loads((tmp_path / "artifacts" / "trials" / "cut" / "trial-0001" / "measurement.json").read_text())
     assert record["probes"][:len(kept)] == [{**line["probe"], "earlier_trial": 0} for line in kept]
     assert [p["index"] for p in record["probes"]] == list(range(len(record["probes"])))
+    # The probe at the reference load is the one study create said it would be.
+    reference = record["probes"][0]
+    assert reference["factor"] == 1.0 and reference["requests"] == length["requests"]
+    assert reference["measurement"]["offered_rps"] == pytest.approx(length["offered_rps"])
     assert all(p["earlier_trial"] is None for p in record["probes"][len(kept):])
     which = "probe 1" if len(kept) == 1 else f"probes 1-{len(kept)}"
     report = tuner("study", "report", "cut", *common).stdout

@@ -126,12 +126,12 @@ def study_status(name: StudyArgument, storage: StorageOption = None,
         return print_json(data.to_dict())
     best = data.best
     table = Table(title=f"study {name} ({data.boundary})", show_header=False)
-    table.add_row("trials", f"{data.trials}" + (f" ({data.validation_launches} of them validation launches)"
-                                                 if data.validation_launches else ""))
+    validation = f" ({data.validation_launches} of them validation launches)" if data.validation_launches else ""
+    table.add_row("trials ended", f"{data.trials}{validation}")
     for state, count in sorted(data.by_state.items()):
         table.add_row(f"  {state}", str(count))
-    table.add_row("in flight", ", ".join(map(str, data.running)) or "-")
-    table.add_row("waiting (enqueued)", ", ".join(map(str, data.waiting)) or "-")
+    table.add_row("in flight", ", ".join(f"trial {n}" for n in data.running) or "-")
+    table.add_row("waiting (enqueued)", ", ".join(f"trial {n}" for n in data.waiting) or "-")
     table.add_row("best so far", best_so_far_line(best) if best else "none feasible yet")
     if data.baseline is not None:
         table.add_row("vLLM's default", default_line(data.baseline))
