@@ -15,6 +15,7 @@ from typing import Protocol
 
 import httpx
 
+from tuner.durations import format_duration
 from tuner.traces.records import Trace
 from tuner.traces.transforms import cap_requests, repeat, scale_rate
 from tuner.workers.launch import SERVED_MODEL_NAME, RunningEngine
@@ -166,7 +167,8 @@ def run_probes(engine: RunningEngine, trace: Trace, vocab_size: int, plan: LoadP
         phase(f"waiting for an idle engine before probe {index + 1}")
         idle, waited = wait_until_idle(engine.base_url, request_timeout_s)
         probed = probe_trace(trace, factor, plan.min_requests, plan.min_span_s)
-        phase(f"probe {index + 1} at x{factor:.3g} the reference load")
+        phase(f"probe {index + 1} at x{factor:.3g} the reference load: {len(probed.requests)} requests over "
+              f"{format_duration(probed.span_s)} of arrivals")
         result = asyncio.run(replay(engine.base_url, prepare_requests(probed, vocab_size, SERVED_MODEL_NAME,
                                                                       probe_seed),
                                     timeout_s=request_timeout_s, engine_alive=engine.alive,

@@ -360,8 +360,15 @@ def _kill_once_served(server: psutil.Process, log: Path, served_before: int) -> 
 def test_an_engine_that_dies_during_a_later_probe_is_engine_died_with_the_probes_so_far_kept(tiny_model, tmp_path):
     trace = load_trace(AZURE_CONV, TraceSelection(max_requests=8, rate_scale=100.0, fit="clip"), 1024)
     config = EngineConfig(max_model_len=1024, enforce_eager=True, kv_cache_memory_bytes=KV_BYTES)
-    outcome = run_trial(TrialSpec(tiny_model, trace, config, tmp_path, load=KillDuringSecondProbe()))
+    phases: list[str] = []
+    outcome = run_trial(TrialSpec(tiny_model, trace, config, tmp_path, load=KillDuringSecondProbe()),
+                        on_phase=phases.append)
     record = outcome.record
+    # Each probe says, as it begins, how many requests it replays and how long their arrivals last: at twice the
+    # load, the 8 requests twice over, to last as long as the first probe's.
+    said = [phase.split(" of arrivals")[0] for phase in phases if phase.startswith("probe ")]
+    assert [re.sub(r"over \S+$", "over T", phase) for phase in said] == [
+        "probe 1 at x1 the reference load: 8 requests over T", "probe 2 at x2 the reference load: 16 requests over T"]
     assert record.failure is not None and record.failure.kind.value == "engine_died"
     first, second = record.probes
     assert first.measurement.completed == 8 and not first.engine_lost
