@@ -219,14 +219,15 @@ class LoadPolicy:
 
 @dataclass(frozen=True)
 class ProbeLength:
-    """How long a study's trials replay, known before any runs: its probe at the reference load, and how many probes
-    a trial runs at most. Every probe's arrivals last at least as long as that one's (a probe at a higher load
-    repeats the trace to last as long, one at F times less lasts F times as long), so a trial that spends its budget
-    replays for at least `probes` times `arrival_s`, startup and drains aside."""
+    """How long a study's trials replay, known before any runs: its probe at the reference load, the least any other
+    probe's arrivals last (one copy of the trace at its rate, and at least the plan's probe duration: a probe at a
+    higher load repeats the trace to last as long, one at a lower load lasts longer), and how many probes a trial runs
+    at most. A trial that spends its budget replays for at least `trial_arrival_s`, startup and drains aside."""
 
     requests: int  # in the probe at the reference load
     offered_rps: float
-    arrival_s: float  # how long its arrivals last; it ends within the request timeout of the last
+    arrival_s: float  # how long its arrivals last; a probe ends within the request timeout of its last arrival
+    least_arrival_s: float  # how long any other probe's arrivals last at least
     probes: int  # a trial's probes at most: 1 at a fixed load; a validation launch's, twice as many in a search
 
     @classmethod
@@ -235,7 +236,12 @@ class ProbeLength:
         plan = policy.plan(bound)
         probed = probe_trace(trace, 1.0, plan.min_requests, plan.min_span_s)
         probes = policy.probe_budget if policy.mode == "search" else 1
-        return cls(len(probed.requests), probed.rate_rps, probed.span_s, probes)
+        return cls(len(probed.requests), probed.rate_rps, probed.span_s, max(trace.span_s, plan.min_span_s), probes)
+
+    @property
+    def trial_arrival_s(self) -> float:
+        """The least a trial that runs all its probes replays for: the reference probe, then the others."""
+        return self.arrival_s + (self.probes - 1) * self.least_arrival_s
 
 
 @dataclass(frozen=True)

@@ -120,12 +120,15 @@ class ModelAnswer(Answer):
 
 class ProbeLengthAnswer(Answer):
     """How long the study's trials will replay (`tuner.capacity.ProbeLength`): its probe at the reference load (the
-    requests, their offered req/s and how long their arrivals last), and a trial's probes at most."""
+    requests, their offered req/s and how long their arrivals last), how long any other probe's arrivals last at
+    least, a trial's probes at most, and the least a trial that runs them all replays for."""
 
     requests: int
     offered_rps: Number
     arrival_s: Number
+    least_arrival_s: Number
     probes: int
+    trial_arrival_s: Number
 
 
 class StudyCreated(Answer):
@@ -569,7 +572,8 @@ class LocalStudies:
             load=LoadPolicy.from_options(request.load, request.precision, request.probe_budget, request.load_range,
                                          request.probe_requests, request.probe_seconds))
         created = {**new.settings.to_dict(), "storage": redact_url(self.plan.url),
-                   "probe_length": asdict(new.probe_length)}
+                   "probe_length": {**asdict(new.probe_length),
+                                    "trial_arrival_s": new.probe_length.trial_arrival_s}}
         if request.warm_from is not None or request.trace_latest is not None:
             carried = warm_start(request.name, self.plan, request.warm_from)
             created["warm_start"] = carried.to_dict() if carried else None

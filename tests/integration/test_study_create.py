@@ -19,15 +19,17 @@ def test_a_new_study_says_how_long_each_probe_replays_and_how_many_a_trial_runs(
     searched = ["--probe-requests", "80", "--probe-seconds", "20", "--probe-budget", "3"]
     created = json.loads(run_tuner("study", "create", "searched", *common, *searched, "--json").stdout)
     length = created["probe_length"]
-    # The trace repeated until it holds 80 requests and lasts 20 s: 5 copies of 16 at least.
+    # The trace repeated until it holds 80 requests and lasts 20 s: 5 copies of 16 at least. Every other probe's
+    # arrivals last the 20 s at least, since one copy of the trace at 100 times its rate lasts less than a second.
     assert length["requests"] >= 80 and length["requests"] % 16 == 0 and length["arrival_s"] >= 20
     assert length["probes"] == 3 and abs(length["offered_rps"] * length["arrival_s"] - length["requests"]) < 1e-6
+    assert length["least_arrival_s"] == 20 and length["trial_arrival_s"] == length["arrival_s"] + 2 * 20
     said = " ".join(run_tuner("study", "create", "said", *common, *searched).stdout.split())
     assert (f"each probe replays {length['requests']} requests over {format_duration(length['arrival_s'])} of "
-            f"arrivals ({length['offered_rps']:.3g} req/s) at the reference load") in said, said
-    assert "ends within the request timeout (10m00s) of its last arrival" in said
+            f"arrivals ({length['offered_rps']:.3g} req/s) at the reference load and at least 20s of arrivals at any "
+            f"other, and ends within the request timeout (10m00s) of its last arrival") in said, said
     assert (f"a trial runs up to 3 probes (a validation launch 6): at least "
-            f"{format_duration(3 * length['arrival_s'])} of arrivals") in said
+            f"{format_duration(length['trial_arrival_s'])} of arrivals when it spends them") in said
 
     once = run_tuner("study", "create", "once", *common, *FIXED_LOAD, "--request-timeout", "90")
     said = " ".join(once.stdout.split())

@@ -413,13 +413,22 @@ def test_a_search_on_requests_that_all_arrive_at_once_is_refused():
     LoadPolicy.fixed().refuse_undecidable(LIFTED, trace_requests=8, trace_span_s=0.0)  # one replay, as it is
 
 
-def test_a_studys_probe_length_is_its_probe_at_the_reference_load_and_its_budget():
+def test_a_studys_probe_length_is_its_probe_at_the_reference_load_the_least_of_the_others_and_its_budget():
     # 16 requests over 6 s: one copy and a mean gap last 6.4 s, so 20 s of arrivals take 4 copies (64 requests over
     # 3 x 6.4 + 6 = 25.2 s), more than the 3 copies that 40 requests would.
     trace = Trace("synthetic", "native", "0" * 64, tuple(TraceRequest(i * 0.4, 16, 8) for i in range(16)))
-    searched = ProbeLength.of(trace, LoadPolicy(probe_requests=40, probe_seconds=20.0, probe_budget=3),
-                              boundary("batch"))
+    policy = LoadPolicy(probe_requests=40, probe_seconds=20.0, probe_budget=3)
+    searched = ProbeLength.of(trace, policy, boundary("batch"))
     assert (searched.requests, searched.probes) == (64, 3)
     assert searched.arrival_s == pytest.approx(25.2) and searched.offered_rps == pytest.approx(64 / 25.2)
+    assert searched.least_arrival_s == 20.0 and searched.trial_arrival_s == pytest.approx(25.2 + 2 * 20.0)
+    # Every other probe lasts at least that long, at higher loads and lower ones alike.
+    for factor in (0.25, 0.5, 0.9, 1.1, 2.0, 3.0, 16.0):
+        assert probe_trace(trace, factor, 40, 20.0).span_s >= searched.least_arrival_s
+    # 80 requests take 5 copies, 31.6 s at the reference load; at twice the load 7 copies of 3.2 s reach 20 s first.
+    many = ProbeLength.of(trace, replace(policy, probe_requests=80), boundary("batch"))
+    assert many.arrival_s == pytest.approx(31.6) and many.least_arrival_s == 20.0
+    assert probe_trace(trace, 2.0, 80, 20.0).span_s == pytest.approx(22.2)
     fixed = ProbeLength.of(trace, LoadPolicy.fixed(), boundary("batch"))
-    assert (fixed.requests, fixed.arrival_s, fixed.probes) == (16, pytest.approx(6.0), 1)
+    assert (fixed.requests, fixed.arrival_s, fixed.probes, fixed.trial_arrival_s) == (16, pytest.approx(6.0), 1,
+                                                                                      pytest.approx(6.0))

@@ -41,10 +41,10 @@ def probe_length_line(length: ProbeLengthAnswer, request_timeout_s: float) -> st
     ends = f"ends within the request timeout ({format_duration(request_timeout_s)}) of its last arrival"
     if length.probes == 1:
         return f"each trial replays {arrivals} and {ends}"
-    return (f"each probe replays {arrivals} at the reference load, as long above it and F times as long at F times "
-            f"less, and {ends}; a trial runs up to {length.probes} probes (a validation launch "
-            f"{2 * length.probes}): at least {format_duration(length.probes * length.arrival_s)} of arrivals when it "
-            f"spends them, startup aside")
+    return (f"each probe replays {arrivals} at the reference load and at least "
+            f"{format_duration(length.least_arrival_s)} of arrivals at any other, and {ends}; a trial runs up to "
+            f"{length.probes} probes (a validation launch {2 * length.probes}): at least "
+            f"{format_duration(length.trial_arrival_s)} of arrivals when it spends them, startup aside")
 
 
 def summary_line(s: TrialSummary) -> str:
