@@ -4,6 +4,7 @@ that answers errors or breaks its streams, and requests longer than the engine's
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import csv
 import hashlib
 import json
@@ -340,9 +341,7 @@ class KillDuringSecondProbe:
         if not runs:
             return 1.0
         if len(runs) == 1:
-            # This process's own server: another test worker's may be running beside it.
-            server = next(proc for proc in psutil.Process().children(recursive=True)
-                          if proc.cmdline()[1:3] == SERVER_MODULE)
+            server = _own_server()
             log = Path(os.readlink(f"/proc/{server.pid}/fd/1"))  # the trial's server.log, written unbuffered
             served = log.read_text(errors="replace").count(SERVED)
             threading.Thread(target=_kill_once_served, args=(server, log, served), daemon=True).start()
@@ -350,10 +349,22 @@ class KillDuringSecondProbe:
         return None
 
 
+def _own_server() -> psutil.Process:
+    """This process's own vLLM server: another test worker's may be running beside it."""
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            if proc.cmdline()[1:3] == SERVER_MODULE:
+                return proc
+        except psutil.Error:  # a short-lived child gone meanwhile
+            continue
+    raise AssertionError("this test's vLLM server is not running")
+
+
 def _kill_once_served(server: psutil.Process, log: Path, served_before: int) -> None:
     while server.is_running() and log.read_text(errors="replace").count(SERVED) <= served_before:
         time.sleep(0.02)
-    server.send_signal(signal.SIGKILL)
+    with contextlib.suppress(psutil.NoSuchProcess):
+        server.send_signal(signal.SIGKILL)
 
 
 @pytest.mark.vllm

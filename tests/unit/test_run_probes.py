@@ -14,7 +14,7 @@ TRACE = Trace("synthetic", "native", "0" * 64, (TraceRequest(0.0, 16, 8),))
 
 @dataclass
 class Engine:
-    """An engine as run_probes sees it; any replay against its unreachable address would fail the test."""
+    """An engine as run_probes sees it, at an address nothing answers: a warm-up or probe would show in the phases."""
 
     live: bool = True
     base_url: str = "http://127.0.0.1:9"
