@@ -243,6 +243,10 @@ class ProbeLength:
         """The least a trial that runs all its probes replays for: the reference probe, then the others."""
         return self.arrival_s + (self.probes - 1) * self.least_arrival_s
 
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready, `trial_arrival_s` included."""
+        return {**asdict(self), "trial_arrival_s": self.trial_arrival_s}
+
 
 @dataclass(frozen=True)
 class LoadSearch:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Optional, Protocol, Union
 
@@ -572,8 +571,7 @@ class LocalStudies:
             load=LoadPolicy.from_options(request.load, request.precision, request.probe_budget, request.load_range,
                                          request.probe_requests, request.probe_seconds))
         created = {**new.settings.to_dict(), "storage": redact_url(self.plan.url),
-                   "probe_length": {**asdict(new.probe_length),
-                                    "trial_arrival_s": new.probe_length.trial_arrival_s}}
+                   "probe_length": new.probe_length.to_dict()}
         if request.warm_from is not None or request.trace_latest is not None:
             carried = warm_start(request.name, self.plan, request.warm_from)
             created["warm_start"] = carried.to_dict() if carried else None

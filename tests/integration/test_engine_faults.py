@@ -93,15 +93,11 @@ class EngineKiller(threading.Thread):
     def _next_server(self, seen: set[int]) -> psutil.Process | None:
         while not self.finished.is_set():
             try:
-                below = psutil.Process(self.root).children(recursive=True)
+                new = [proc for proc in _servers_below(psutil.Process(self.root)) if proc.pid not in seen]
             except psutil.NoSuchProcess:
                 return None
-            for proc in below:
-                try:
-                    if proc.pid not in seen and proc.cmdline()[1:3] == SERVER_MODULE:
-                        return proc
-                except psutil.Error:
-                    continue
+            if new:
+                return new[0]
             time.sleep(0.2)
         return None
 
@@ -126,6 +122,18 @@ class EngineKiller(threading.Thread):
         core = psutil.Process(pids.pop())
         assert core.ppid() == server.pid, f"engine core {core.pid} is not a child of server {server.pid}"
         return core
+
+
+def _servers_below(root: psutil.Process) -> list[psutil.Process]:
+    """The vLLM API servers among `root`'s descendants (NoSuchProcess if `root` is gone)."""
+    found = []
+    for proc in root.children(recursive=True):
+        try:
+            if proc.cmdline()[1:3] == SERVER_MODULE:
+                found.append(proc)
+        except psutil.Error:  # a short-lived child gone meanwhile
+            continue
+    return found
 
 
 def _wait_no_vllm(timeout_s: float = 30.0) -> list[psutil.Process]:
@@ -351,13 +359,9 @@ class KillDuringSecondProbe:
 
 def _own_server() -> psutil.Process:
     """This process's own vLLM server: another test worker's may be running beside it."""
-    for proc in psutil.Process().children(recursive=True):
-        try:
-            if proc.cmdline()[1:3] == SERVER_MODULE:
-                return proc
-        except psutil.Error:  # a short-lived child gone meanwhile
-            continue
-    raise AssertionError("this test's vLLM server is not running")
+    servers = _servers_below(psutil.Process())
+    assert servers, "this test's vLLM server is not running"
+    return servers[0]
 
 
 def _kill_once_served(server: psutil.Process, log: Path, served_before: int) -> None:
