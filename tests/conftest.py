@@ -40,15 +40,6 @@ RUN_MARK = "TUNER_TEST_RUN"
 os.environ[RUN_MARK] = uuid.uuid4().hex
 
 
-# Each test engine runs its worker inside the engine-core process, as a one-GPU engine does: vLLM's CPU platform
-# otherwise starts a third process, importing torch and vLLM once more, and engine startup is most of this suite's
-# time. One OpenMP thread each: two such engines at once, each left at two threads on two cores, decoded twelve
-# times slower (BENCHMARKS.md section 6). Pinned one engine to each core before, their front ends fought both
-# workers for a core and verdicts depended on what the other worker ran.
-os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-os.environ["OMP_NUM_THREADS"] = "1"
-
-
 def vllm_processes() -> list[psutil.Process]:
     """Every live vLLM server or engine-core process this test run started, whatever became of its parent.
 
@@ -143,8 +134,8 @@ def _program(command: str) -> str:
 SERVE_FILES = ("test_service", "test_secrets")
 
 
-# The files of longest test time, longest first (BENCHMARKS.md, section 6): they start first, so that neither
-# worker is left with one of them while the other has nothing more to take.
+# The files of longest test time, longest first (BENCHMARKS.md, "Test suite time"): they start first, so that
+# neither worker is left with one of them while the other has nothing more to take.
 LONGEST_FIRST = ("test_main_job", "test_validation_vllm", "test_workers_ray", "test_engine_faults",
                  "test_capacity_vllm", "test_report_vllm", "test_study_vllm", "test_schedules")
 

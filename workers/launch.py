@@ -20,6 +20,7 @@ import psutil
 
 from tuner.models import inspect_model
 from tuner.workers.compile_cache import engine_cache_env
+from tuner.workers.cpu_engine import cpu_engine_env
 from tuner.workers.engine_config import EngineConfig
 from tuner.workers.failures import EngineFailure, classify_failure
 from tuner.workers.process_group import terminate_group
@@ -201,6 +202,8 @@ def start_engine(model: str | Path, config: EngineConfig, log_path: str | Path, 
     port = free_port()
     argv = engine_argv(model, config, port, list(extra_args))
     started = time.monotonic()
+    environ = {**os.environ, "PYTHONUNBUFFERED": "1", **engine_cache_env(), **(env or {})}
+    environ |= cpu_engine_env(environ)
     with open(log_path, "wb") as log:
         # The guard leads a new session (so a group kill reaches everything the server starts) and dies,
         # taking the group with it, if this process dies. Unbuffered, so the log is live while it runs and
@@ -208,7 +211,7 @@ def start_engine(model: str | Path, config: EngineConfig, log_path: str | Path, 
         launched_at = time.time()
         process = subprocess.Popen(tied_to_this_thread([sys.executable, "-m", "tuner.workers.engine_guard", *argv]),
                                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                   env={**os.environ, "PYTHONUNBUFFERED": "1", **engine_cache_env(), **(env or {})},
+                                   env=environ,
                                    start_new_session=True)
     engine = RunningEngine(process, argv, f"http://127.0.0.1:{port}", log_path, 0.0, launched_at)
     _LIVE.add(engine)

@@ -75,6 +75,11 @@ def test_interrupted_driver_stops_its_engine(tiny_model, tmp_path, sig):
     # Every engine on this node compiles into (and loads from) tuner's one cache folder.
     home = os.environ.get("TUNER_HOME") or str(Path.home() / ".local" / "share" / "tuner")
     assert {p.environ().get("VLLM_CACHE_ROOT") for p in engines} == {str(Path(home) / "engine-cache")}
+    # A CPU engine as tuner launches it: its worker inside the engine core (no process of its own), on one OpenMP
+    # thread of this machine's two cores (tuner/workers/cpu_engine.py).
+    assert {(p.environ().get("VLLM_ENABLE_V1_MULTIPROCESSING"), p.environ().get("OMP_NUM_THREADS"))
+            for p in engines} == {("0", "1")}
+    assert not any("Worker" in p.name() for p in engines), [p.name() for p in engines]
     proc.send_signal(sig)
     proc.wait(timeout=60)
     assert proc.returncode != 0

@@ -1,0 +1,24 @@
+"""The threads tuner gives a vLLM engine on the CPU build: its worker inside the engine core, on half the usable
+cores, unless the user set any of vLLM's thread variables (then vLLM's own behaviour, whole)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tuner.hardware import detect_hardware
+from tuner.workers.cpu_engine import THREAD_VARS, cpu_engine_env, cpu_engine_threads, usable_cores
+
+
+def test_half_the_cores_at_least_one():
+    assert [cpu_engine_threads(n) for n in (1, 2, 3, 8, 64)] == [1, 1, 1, 4, 32]
+
+
+def test_a_cpu_engine_runs_its_worker_in_process_on_half_the_usable_cores():
+    assert detect_hardware().accelerator == "cpu"  # these machines have no GPU
+    assert cpu_engine_env({"PATH": "/usr/bin"}) == {"VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+                                                    "OMP_NUM_THREADS": str(max(1, usable_cores() // 2))}
+
+
+@pytest.mark.parametrize("var", THREAD_VARS)
+def test_a_thread_variable_the_user_set_leaves_the_engine_to_vllm(var):
+    assert cpu_engine_env({var: "1"}) == {}
