@@ -120,7 +120,10 @@ class LoadPolicy:
     mode: str = "search"  # "search": probes bracket the capacity; "fixed": one replay at the reference load
     precision: float = 0.10  # the search ends once the bracket's upper edge is within this of its lower
     probe_budget: int = 6  # probes per trial at most, the first at the reference load included
-    min_factor: float = 1 / 16  # the loads probed, as multiples of the reference load
+    # The loads probed, as multiples of the reference load. Below it the search goes down as far as the machine
+    # needs, until requests are served about one at a time (`served_alone`): a machine ten times slower than the
+    # one a demo's traffic was chosen on still finds the load it carries.
+    min_factor: float = 1 / 256
     max_factor: float = 64.0
     # Each probe's trace is repeated until it holds this many requests: 73 all within a limit are the fewest
     # that tell a p95 from it with 95% confidence.
@@ -289,9 +292,11 @@ class LoadSearch:
         results = [(run.probe.factor, verdict is Verdict.PASS) for run, verdict in zip(runs, verdicts)]
         # A reference load within noise of the boundary is no failure at your traffic: the search goes on below
         # it, so that the trial states a load it surely carries.
-        return self._next(results, _carried(runs), below=verdicts[0] is Verdict.INCONCLUSIVE)
+        return self._next(results, _carried(runs), below=verdicts[0] is Verdict.INCONCLUSIVE,
+                          alone=served_alone(min(runs, key=lambda run: run.probe.factor).probe))
 
-    def _next(self, results: list[tuple[float, bool]], carried: float | None, below: bool = False) -> float | None:
+    def _next(self, results: list[tuple[float, bool]], carried: float | None, below: bool = False,
+              alone: bool = False) -> float | None:
         policy = self.policy
         lo, hi = bracket(results)
         if lo is None and not (self.below_reference or below):
@@ -310,8 +315,8 @@ class LoadSearch:
             assert lo is not None
             return None if lo >= policy.max_factor else min(lo * 2, policy.max_factor)
         if lo is None:
-            if hi <= policy.min_factor:
-                return None
+            if hi <= policy.min_factor or alone:
+                return None  # the floor, or a load so low that a lower one would serve its requests just as alone
             # Down by half, or straight to what the failing probe carried when that is lower: an overloaded
             # engine completes about what it can sustain.
             step = min(hi / 2, carried) if carried else hi / 2
@@ -343,6 +348,20 @@ def _within(lo: float, hi: float, precision: float) -> bool:
     """Whether a bracket is within the precision; a hair of tolerance, as a step down by the precision and back up
     need not land on the same float."""
     return hi <= lo * (1 + precision) * (1 + 1e-9)
+
+
+# Requests in flight at once, on average, below which a probe served its requests about one at a time: by Little's
+# law, its arrival rate times their median end-to-end latency.
+ALONE_CONCURRENCY = 0.5
+
+
+def served_alone(probe: Probe) -> bool:
+    """Whether the probe's requests were served about one at a time (fewer than ALONE_CONCURRENCY in flight on
+    average): a probe that fails so fails at any load, the boundary being beyond the engine itself."""
+    m = probe.measurement
+    if m is None or not m.offered_rps or m.e2e_s.p50 is None:
+        return False
+    return m.offered_rps * m.e2e_s.p50 < ALONE_CONCURRENCY
 
 
 def _carried(runs: Sequence[ProbeRun]) -> float | None:
@@ -398,8 +417,12 @@ def capacity_of(judged: Sequence[JudgedProbe], policy: LoadPolicy, reference_sca
     if any(j.probe.engine_lost for j in judged):
         ended = "the engine died during a probe"
     elif lo is None:
+        lowest = min(judged, key=lambda j: j.probe.factor).probe if judged else None
         ended = "no probe passed" + (f": the reference load {edge.verdict.value}ed" if edge and edge.probe.index == 0
                                      else "")
+        if lowest is not None and served_alone(lowest):
+            ended += (f", not even at {lowest.offered_rps or 0:.3g} req/s, where requests were served about one at a "
+                      f"time: the boundary is beyond this engine at any load")
     elif best_factor is not None and hi is not None and math.isclose(hi, best_factor):
         ended = f"below the best so far (< {best_rps:.3g} req/s)" if best_rps else "below the best so far"
     elif hi is not None and _within(lo, hi, policy.precision):

@@ -48,11 +48,13 @@ class StudyRequest(BaseModel):
     startup_timeout_s: float = 600.0
     load: str = Field("search", description="search (the capacity, by load probes) or fixed (one replay at the "
                                             "reference load).")
-    precision: float = 0.1
+    precision: Optional[float] = Field(None, description="The load search's precision; default 0.1 (0.25 for the "
+                                                         "bundled demo trace).")
     probe_budget: int = 6
     load_range: Optional[str] = Field(None, description="MIN:MAX multiples of the reference load.")
     probe_requests: int = 80
-    probe_seconds: float = 20.0
+    probe_seconds: Optional[float] = Field(None, description="Least seconds of arrivals a probe; default 20 (10 for "
+                                                             "the bundled demo trace).")
 
 
 # The answers' shapes, declared for the service's OpenAPI document. An answer may carry more than is declared
@@ -533,6 +535,11 @@ def _validation_cell(mark: ValidationMark | None) -> str:
     return f"{mark.run}/{mark.round}/{'default' if mark.default else f'trial {mark.of_trial}'}"
 
 
+def _given(value, default):
+    """The request's value, or the default where it left the option out."""
+    return default if value is None else value
+
+
 class LocalStudies:
     """`Studies`, answered from the storage itself: each method keeps the protocol's promise."""
 
@@ -553,7 +560,7 @@ class LocalStudies:
         from tuner.paths import bundled_trace
         from tuner.scoring import parse_limits
         from tuner.capacity import LoadPolicy
-        from tuner.study.create import create_study, latest_trace
+        from tuner.study.create import create_study, latest_trace, study_defaults
         from tuner.study.warm_start import warm_start
 
         if request.trace and request.trace_latest:
@@ -561,15 +568,18 @@ class LocalStudies:
         trace = latest_trace(Path(request.trace_latest)) if request.trace_latest else request.trace
         if request.warm_from is not None:
             self.plan.repository().get_study(request.warm_from)  # before anything is created
+        chosen, policy = study_defaults(own_trace=trace is not None)
         new = create_study(
             request.name, model=request.model or default_model(), trace_path=trace or bundled_trace(),
-            selection=TraceSelection.from_options(request.window, request.max_requests, request.rate_scale,
-                                                  request.fit, request.spread),
+            selection=TraceSelection.from_options(
+                request.window, _given(request.max_requests, chosen.max_requests),
+                _given(request.rate_scale, chosen.rate_scale), _given(request.fit, chosen.fit), request.spread),
             space=request.space, boundary_name=request.boundary, limits=parse_limits(request.limits),
             plan=self.plan, sampler=request.sampler, seed=request.seed,
             request_timeout_s=request.request_timeout_s, startup_timeout_s=request.startup_timeout_s,
-            load=LoadPolicy.from_options(request.load, request.precision, request.probe_budget, request.load_range,
-                                         request.probe_requests, request.probe_seconds))
+            load=LoadPolicy.from_options(request.load, _given(request.precision, policy.precision),
+                                         request.probe_budget, request.load_range, request.probe_requests,
+                                         _given(request.probe_seconds, policy.probe_seconds)))
         created = {**new.settings.to_dict(), "storage": redact_url(self.plan.url),
                    "probe_length": new.probe_length.to_dict()}
         if request.warm_from is not None or request.trace_latest is not None:

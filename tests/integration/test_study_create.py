@@ -36,3 +36,24 @@ def test_a_new_study_says_how_long_each_probe_replays_and_how_many_a_trial_runs(
     # The 16 requests arrive within a fraction of a second at 100 times their recorded rate.
     assert re.search(r"each trial replays 16 requests over 0\.\d+s of arrivals \(\d+ req/s\) and ends within the "
                      r"request timeout \(1m30s\) of its last arrival", said), said
+
+
+def test_with_no_trace_a_study_is_the_demo_and_every_option_given_overrides_it(tiny_model, tmp_path):
+    storage = ["--model", str(tiny_model), "--storage", f"sqlite:///{tmp_path / 'tuner.db'}"]
+    demo = json.loads(run_tuner("study", "create", "demo", *storage, "--json").stdout)
+    assert demo["trace_path"].endswith("azure_conv_2023_first1000.csv")
+    assert (demo["trace_selection"]["max_requests"], demo["trace_selection"]["rate_scale"],
+            demo["trace_selection"]["fit"]) == (16, 6.0, "clip")
+    # The load search goes below the demo's traffic as far as the machine needs: a 256th of it at the least.
+    assert (demo["load"]["precision"], demo["load"]["probe_seconds"], demo["load"]["min_factor"]) == (0.25, 10.0,
+                                                                                                       1 / 256)
+    ten_times = json.loads(run_tuner("study", "create", "faster", *storage, "--rate-scale", "60", "--precision", "0.1",
+                                     "--json").stdout)
+    assert ten_times["trace_selection"]["rate_scale"] == 60.0 and ten_times["trace_selection"]["max_requests"] == 16
+    assert ten_times["load"]["precision"] == 0.1 and ten_times["load"]["probe_seconds"] == 10.0
+    # A trace of your own is replayed whole, as recorded, with the general defaults.
+    own = json.loads(run_tuner("study", "create", "own", *storage, "--trace", str(AZURE_CONV), "--window", "0:60",
+                               "--json").stdout)
+    assert own["trace_selection"]["max_requests"] is None and own["trace_selection"]["rate_scale"] is None
+    assert own["trace_selection"]["fit"] is None
+    assert (own["load"]["precision"], own["load"]["probe_seconds"]) == (0.1, 20.0)

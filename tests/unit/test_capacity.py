@@ -11,7 +11,7 @@ import pytest
 
 from tests.factories import study_settings
 from tuner.capacity import (DECISIVE_REQUESTS, JudgedProbe, LoadPolicy, LoadSearch, ProbeLength, Verdict, capacity_of,
-                            judge_probe, wilson_interval)
+                            judge_probe, served_alone, wilson_interval)
 from tuner.errors import TunerError
 from tuner.paths import bundled_trace
 from tuner.scoring import (STEADY_CARRIED, STEADY_SHORTFALL_MIN, STEADY_SHORTFALL_SHARE, STEADY_TREND, boundary,
@@ -232,6 +232,28 @@ def test_the_search_stops_below_a_failing_reference_unless_asked_to_go_on():
     assert below._next([(1.0, False)], 0.3) == pytest.approx(0.3)  # straight to what the engine carried
     assert below._next([(1.0, False)], 0.9) == 0.5  # never less than halving
     assert below._next([(1.0, False)], 0.001) == 1 / 16  # nor more than a 16th at once
+
+
+def test_below_a_failing_reference_the_search_goes_down_as_far_as_the_machine_needs():
+    # The demo's traffic on a machine ten times slower: each probe fails, the next goes to what it carried or half.
+    below = LoadSearch(LoadPolicy(probe_budget=20), LIFTED, below_reference=True)
+    results, factor = [(1.0, False)], 1.0
+    while (factor := below._next(results, factor / 3)) is not None and factor > 0.02:
+        results.append((factor, False))
+    assert factor is not None and factor < 1 / 16  # past the old floor, a 16th of the reference
+    assert LoadPolicy().min_factor == 1 / 256
+    assert below._next([(1.0, False), (1 / 256, False)], None) is None  # the floor still holds
+
+
+def test_a_probe_that_fails_with_its_requests_served_one_at_a_time_ends_the_search_below():
+    bound = boundary("interactive", {"ttft_p95_s": None, "e2e_p95_s": 1.0})
+    search = LoadSearch(LoadPolicy(probe_budget=10), bound, below_reference=True)
+    crowded = _run(_records(100, 0.1, 3.0))  # 30 in flight at once: a lower load may pass
+    assert not served_alone(crowded.probe) and search.next_factor([crowded]) is not None
+    alone = _run(_records(100, 10.0, 3.0), 0.01, 1)  # one every 10 s, each 3 s: never two at once, and still slow
+    assert served_alone(alone.probe) and search.next_factor([crowded, alone]) is None
+    cap = capacity_of([JudgedProbe.of(run, bound) for run in (crowded, alone)], LoadPolicy(probe_budget=10), 1.0)
+    assert cap.factor is None and "served about one at a time: the boundary is beyond this engine" in cap.ended
 
 
 def test_a_reference_load_within_noise_of_its_limit_is_searched_below_for_a_load_surely_carried():

@@ -75,7 +75,9 @@ PrecisionOption = Annotated[float, typer.Option(help="The load search ends once 
                                                      "(0.1 = 10%).")]
 ProbeBudgetOption = Annotated[int, typer.Option(help="Probes per trial at most, the reference load's included.")]
 LoadRangeOption = Annotated[Optional[str], typer.Option(help="MIN:MAX loads the search may probe, as multiples of the "
-                                                             "reference load; default 0.0625:64.")]
+                                                             "reference load; default 0.0039:64 (a 256th to 64 "
+                                                             "times: below the reference, as far as the machine "
+                                                             "needs).")]
 ProbeRequestsOption = Annotated[int, typer.Option(help="Each probe replays the trace, repeated, until it holds this "
                                                        "many requests (a p95 needs about 75 to be told from its "
                                                        "limit).")]

@@ -10,9 +10,9 @@ import typer
 from rich.table import Table
 
 from tuner.cli.options import (BOUNDARY_HELP, ArtifactsOption, JsonOption, LimitOption, LoadOption, LoadRangeOption,
-                               ModelOption, PrecisionOption, ProbeBudgetOption, ProbeRequestsOption, ProbeSecondsOption,
-                               RequestTimeoutOption, ServerOption, SetOption, SpreadOption, StartupTimeoutOption,
-                               StorageOption, StudyArgument, TokenFileOption, TraceOption, study_answers)
+                               ModelOption, ProbeBudgetOption, ProbeRequestsOption, RequestTimeoutOption, ServerOption,
+                               SetOption, SpreadOption, StartupTimeoutOption, StorageOption, StudyArgument,
+                               TokenFileOption, study_answers)
 from tuner.cli.present import best_so_far_line, default_line, print_recommendation, probe_length_line
 from tuner.cli.run import study_run, study_validate
 from tuner.console import err, out, print_json
@@ -25,7 +25,10 @@ study_app = typer.Typer(help="Studies: a search over engine configurations, meas
 @study_app.command("create")
 def study_create(
     name: Annotated[str, typer.Argument(help="A name for the study.")],
-    model: ModelOption = None, trace: TraceOption = None,
+    model: ModelOption = None,
+    trace: Annotated[Optional[Path], typer.Option(help="Trace file; default: the bundled demo (the Azure cut's first "
+                                                       "16 requests at 6 times their rate, clipped to the model's "
+                                                       "context).")] = None,
     trace_latest: Annotated[Optional[Path], typer.Option(help="Folder of traces: take its most recently modified "
                                                               "file, and warm-start from the latest study on the "
                                                               "same model and space with a feasible "
@@ -46,9 +49,14 @@ def study_create(
                                                "trials back, TPE otherwise), tpe, random or nsga2.")] = "bottleneck",
     seed: Annotated[Optional[int], typer.Option(help="Sampler seed.")] = None,
     request_timeout: RequestTimeoutOption = 600.0, startup_timeout: StartupTimeoutOption = 600.0,
-    load: LoadOption = "search", precision: PrecisionOption = 0.1, probe_budget: ProbeBudgetOption = 6,
-    load_range: LoadRangeOption = None, probe_requests: ProbeRequestsOption = 80,
-    probe_seconds: ProbeSecondsOption = 20.0,
+    load: LoadOption = "search",
+    precision: Annotated[Optional[float], typer.Option(help="The load search ends once its bracket is within this "
+                                                            "share: default 0.1 (10%), 0.25 for the bundled demo "
+                                                            "trace.")] = None,
+    probe_budget: ProbeBudgetOption = 6, load_range: LoadRangeOption = None, probe_requests: ProbeRequestsOption = 80,
+    probe_seconds: Annotated[Optional[float], typer.Option(help="Each probe's arrivals last at least this many "
+                                                                "seconds: default 20, 10 for the bundled demo "
+                                                                "trace.")] = None,
     storage: StorageOption = None, artifacts: ArtifactsOption = None, as_json: JsonOption = False,
     server: ServerOption = None, token_file: TokenFileOption = None,
 ) -> None:

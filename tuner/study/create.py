@@ -27,6 +27,20 @@ from tuner.traces.stats import trace_stats
 from tuner.workers.engine_config import EngineConfig
 
 
+# With no trace of your own, a study replays the bundled demo: the Azure cut's first 16 requests at six times their
+# recorded rate (about 8 req/s), clipped to the model's context, searched at 25% precision with probes of at least
+# 10 s. The load search goes below that traffic as far as the machine needs, so the demo's answer does not hang on
+# the machine's speed; only its time does.
+DEMO_SELECTION = TraceSelection(max_requests=16, rate_scale=6.0, fit="clip")
+DEMO_LOAD = LoadPolicy(precision=0.25, probe_seconds=10.0)
+
+
+def study_defaults(own_trace: bool) -> tuple[TraceSelection, LoadPolicy]:
+    """What a study's selection and load search take where `study create` leaves them out: the general defaults
+    for a trace of your own, the demo's for the bundled one."""
+    return (TraceSelection(), LoadPolicy()) if own_trace else (DEMO_SELECTION, DEMO_LOAD)
+
+
 @dataclass(frozen=True)
 class StudyContext:
     """A stored study made ready to run: its space, boundary and trace, checked against what was stored."""
