@@ -52,7 +52,7 @@ case $phase in
     ;;
   longer)
     # A probe's few hundred requests can pass a load near the engine's throughput; a longer replay at that load
-    # tells whether it holds (BENCHMARKS.md, section 1).
+    # tells whether it holds (BENCHMARKS.md, "Llama-3.1-8B on the production engine").
     # shellcheck disable=SC2086  # SETTINGS is a list of --set options, split on purpose
     tuner trial run --model "$model" --max-requests 1000 --rate-scale "${RATE:?RATE: the load, x the trace}" \
       --load fixed --boundary interactive --set dtype=bfloat16 ${SETTINGS:-} --startup-timeout 400 \
