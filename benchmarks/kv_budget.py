@@ -1,6 +1,6 @@
 """The KV budget estimate (tuner/kv_budget.py) against the KV cache vLLM logged at startup, for every engine
 the project has launched and kept the log of (every server.log under the given folders), and the issue's four
-H200 figures (vLLM 0.24.0, bf16 unless noted).
+H200 figures and issue 34's four H100 figures (vLLM 0.24.0, bf16 unless noted).
 
 Each log gives the settings (vLLM's "non-default args" line), the model (the shipped architecture of that
 name, or the tiny model for a folder named tiny) and the KV cache ("GPU/CPU KV cache size: N tokens"). A GPU
@@ -47,6 +47,16 @@ ISSUE_TABLE = [
      EngineConfig(gpu_memory_utilization=0.95, kv_cache_dtype="fp8"), 553_008),
 ]
 H200 = DeviceMemory("cuda", 143771 * 2**20)
+# Issue 34's table: vLLM 0.24.0 on an H100 80GB (81,559 MiB), production engine, dummy weights; vLLM's default
+# utilization. Online fp8 weights (`--quantization fp8`) and the fp8 KV cache.
+PRECISION_TABLE = [
+    ("llama-3.1-8b", "default", EngineConfig(), 462_944),
+    ("llama-3.1-8b", "fp8 weights", EngineConfig(quantization="fp8"), 515_600),
+    ("llama-3.1-8b", "fp8 weights and KV cache", EngineConfig(quantization="fp8", kv_cache_dtype="fp8"), 1_031_216),
+    ("qwen2.5-32b", "fp8 weights and KV cache, max_model_len 32,768",
+     EngineConfig(quantization="fp8", kv_cache_dtype="fp8", max_model_len=32768), 298_256),
+]
+H100 = DeviceMemory("cuda", 81559 * 2**20)
 
 
 @dataclass(frozen=True)
@@ -123,7 +133,7 @@ def _row(source: str, model: ModelMemory, name: str, config: EngineConfig, devic
 
 
 def _settings(config: EngineConfig) -> str:
-    wanted = ("gpu_memory_utilization", "max_model_len", "max_num_batched_tokens", "kv_cache_dtype",
+    wanted = ("gpu_memory_utilization", "max_model_len", "max_num_batched_tokens", "kv_cache_dtype", "quantization",
               "kv_cache_memory_bytes", "num_gpu_blocks_override")
     return ", ".join(f"{k}={v}" for k, v in config.to_dict().items() if k in wanted) or "vLLM defaults"
 
@@ -159,6 +169,8 @@ def main() -> None:
         models = Models(Path(tmp))
         rows = [_row("issue 17 (H200, vLLM 0.24.0)", models(name), name, config, H200, measured)
                 for name, _, config, measured in ISSUE_TABLE]
+        rows += [_row("issue 34 (H100, vLLM 0.24.0)", models(name), name, config, H100, measured)
+                 for name, _, config, measured in PRECISION_TABLE]
         rows += log_rows(args.folders, models)
         refused = refused_proposals(models("tiny"), args.proposals) if args.proposals else None
     print(f"{'source':<64} {'model':<13} {'measured':>9} {'estimated':>9} {'dev':>7} {'stated':>6} {'rule':>5}  "

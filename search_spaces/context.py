@@ -20,14 +20,17 @@ class PlatformSupport:
     """What vLLM's build for one platform can run."""
 
     dtypes: tuple[str, ...]
-    fp8_kv_cache: bool
 
 
-# The one table of platform support: vLLM's CPU backend has no float16 path and no fp8 KV cache on these machines.
+# The one table of platform support: vLLM's CPU backend has no float16 path on these machines. FP8 depends on the
+# device itself (HardwareInfo.fp8_unsupported) and on the study (SpaceContext.fp8_refused).
 PLATFORMS = {
-    "cuda": PlatformSupport(dtypes=("auto", "half", "float16", "bfloat16", "float", "float32"), fp8_kv_cache=True),
-    "cpu": PlatformSupport(dtypes=("auto", "bfloat16", "float", "float32"), fp8_kv_cache=False),
+    "cuda": PlatformSupport(dtypes=("auto", "half", "float16", "bfloat16", "float", "float32")),
+    "cpu": PlatformSupport(dtypes=("auto", "bfloat16", "float", "float32")),
 }
+
+
+NOT_ALLOWED = "the study does not allow FP8 (it changes the model's numerics: create it with --allow-fp8)"
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,9 @@ class SpaceContext:
     # request of its max_model_len is refused before launch.
     model_memory: ModelMemory | None = None
     device: DeviceMemory | None = None
+    # Why a proposal may not change the model's numerics (FP8 weights or KV cache): the study did not allow it, or
+    # the machine cannot run it. None: it may.
+    fp8_refused: str | None = NOT_ALLOWED
 
     def __post_init__(self) -> None:
         if self.platform not in PLATFORMS:
@@ -55,7 +61,8 @@ class SpaceContext:
 
     @classmethod
     def for_run(cls, platform: str, model: ModelInfo, trace: Trace, fit: str | None,
-                model_memory: ModelMemory | None = None, device: DeviceMemory | None = None) -> SpaceContext:
+                model_memory: ModelMemory | None = None, device: DeviceMemory | None = None,
+                fp8_refused: str | None = NOT_ALLOWED) -> SpaceContext:
         """The context of replaying `trace` (as read, before any fitting) against `model` on `platform`."""
         longest = max((r.input_tokens + r.output_tokens for r in trace.requests), default=0)
-        return cls(platform, longest, fit, model.max_position_embeddings, model_memory, device)
+        return cls(platform, longest, fit, model.max_position_embeddings, model_memory, device, fp8_refused)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import yaml
 
-from tuner.search_spaces import PLATFORMS, SearchSpace, parse_space
+from tuner.search_spaces import SearchSpace, parse_space
 from tuner.errors import TunerError
 from tuner.kv_budget import GiB, BLOCK_TOKENS, DeviceMemory, Fit, ModelMemory, estimate_kv
 from tuner.traces.records import Trace
@@ -78,17 +78,20 @@ def _context_choices(contexts: list[int], model: ModelMemory, fit: str | None) -
     return choices
 
 
-def derive_space(model: ModelMemory, device: DeviceMemory, trace: Trace, fit: str | None) -> DerivedSpace:
-    """The space for replaying `trace` (as it will be replayed, before fitting) against `model` on `device`."""
+def derive_space(model: ModelMemory, device: DeviceMemory, trace: Trace, fit: str | None,
+                 fp8: bool = False) -> DerivedSpace:
+    """The space for replaying `trace` (as it will be replayed, before fitting) against `model` on `device`; with
+    `fp8` (allowed by the study and run by the device), FP8 weights and KV cache are searched too."""
     if not trace.requests:
         raise TunerError(f"{trace.source}: trace has no requests")
     contexts = [r.input_tokens + r.output_tokens for r in trace.requests]
     prompts = [r.input_tokens for r in trace.requests]
     mean_context = statistics.fmean(contexts)
-    derivation = _Derivation(model, device, trace, _context_choices(contexts, model, fit))
+    derivation = _Derivation(model, device, trace, _context_choices(contexts, model, fit), fp8)
     derivation.kv_budget()
     derivation.contexts()
     derivation.batch(mean_context, prompts)
+    derivation.precision_options()
     derivation.cache_options()
     return derivation.result()
 
@@ -96,8 +99,9 @@ def derive_space(model: ModelMemory, device: DeviceMemory, trace: Trace, fit: st
 class _Derivation:
     """The settings of one derived space, built up one decision at a time."""
 
-    def __init__(self, model: ModelMemory, device: DeviceMemory, trace: Trace, choices: list[tuple[int, float]]):
-        self.model, self.device, self.trace, self.choices = model, device, trace, choices
+    def __init__(self, model: ModelMemory, device: DeviceMemory, trace: Trace, choices: list[tuple[int, float]],
+                 fp8: bool):
+        self.model, self.device, self.trace, self.choices, self.fp8 = model, device, trace, choices, fp8
         self.fixed: dict = {"enable_chunked_prefill": True}
         self.parameters: dict = {}
         self.ranges: list[DerivedRange] = [DerivedRange(
@@ -130,10 +134,11 @@ class _Derivation:
             self.model, self.device, EngineConfig(gpu_memory_utilization=round(k * UTILIZATION_STEP, 2)))
             .fit(shortest) is Fit.FITS)
         self.low_config = EngineConfig(gpu_memory_utilization=low)
-        # The largest budget the space offers: with the fp8 KV cache where cache_options offers it, so that the
-        # contexts and batch sizes only fp8 makes room for are offered too (the rules refuse what does not fit).
-        fp8 = PLATFORMS[self.device.platform].fp8_kv_cache
-        self.high_config = replace(top, kv_cache_dtype="fp8") if fp8 else top
+        # The largest budget the space offers: with FP8 weights and KV cache where precision_options offers them, so
+        # that the contexts and batch sizes only FP8 makes room for are offered too (the rules refuse what does not
+        # fit).
+        fp8 = self.fp8
+        self.high_config = replace(top, kv_cache_dtype="fp8", quantization=self._weights_fp8()) if fp8 else top
         self.parameters["gpu_memory_utilization"] = {"type": "float", "low": low, "high": UTILIZATION_HIGH,
                                                      "step": UTILIZATION_STEP}
         weights = self.model.weight_bytes() / GiB
@@ -142,7 +147,7 @@ class _Derivation:
             f"from the least whose KV cache ({self.tokens(self.low_config):,} tokens beside {weights:.1f} GiB of "
             f"weights) holds one request of the shortest context ({shortest}); up to "
             f"{self.tokens(top):,} tokens at {UTILIZATION_HIGH}"
-            + (f" ({self.tokens(self.high_config):,} with the fp8 KV cache)" if fp8 else "")))
+            + (f" ({self.tokens(self.high_config):,} with {self.high_config.numerics_text()})" if fp8 else "")))
 
     def _cpu_blocks(self, shortest: int) -> None:
         per_block = self.model.kv_bytes_per_token() * self.block
@@ -205,15 +210,35 @@ class _Derivation:
             f"from the median prompt ({percentile(prompts, 50):.0f} tokens) in one step to {PROMPT_BATCHES} of the "
             f"p99 prompts ({percentile(prompts, 99):.0f})"))
 
+    def _weights_fp8(self) -> str | None:
+        """fp8 for online quantization of the weights, unless the checkpoint is quantized already (it keeps its own)."""
+        return None if self.model.quantization else "fp8"
+
+    def precision_options(self) -> None:
+        """FP8 weights and KV cache where the study allows them and the device runs them: they change the model's
+        numerics, so never otherwise."""
+        if not self.fp8:
+            for setting in ("quantization", "kv_cache_dtype"):
+                self.ranges.append(DerivedRange(setting, "not searched", "FP8 not allowed or not run here: the "
+                                                "checkpoint's own precision"))
+            return
+        self.parameters["kv_cache_dtype"] = {"type": "categorical", "choices": ["auto", "fp8"]}
+        self.ranges.append(DerivedRange("kv_cache_dtype", "auto, fp8",
+                                        "fp8 halves the KV cache's bytes per token (changes numerics: allowed)"))
+        if self._weights_fp8() is None:
+            self.ranges.append(DerivedRange("quantization", "not searched",
+                                            f"the checkpoint is quantized already ({self.model.quantization}): it "
+                                            "keeps its own"))
+            return
+        fp8_weights = self.model.weight_bytes(quantization="fp8") / GiB
+        self.parameters["quantization"] = {"type": "categorical", "choices": [None, "fp8"]}
+        self.ranges.append(DerivedRange(
+            "quantization", "none, fp8", f"FP8 weights ({fp8_weights:.1f} GiB against "
+            f"{self.model.weight_bytes() / GiB:.1f}) leave more memory to the KV cache and compute faster on Hopper "
+            "(changes numerics: allowed)"))
+
     def cache_options(self) -> None:
-        """fp8 KV cache where the platform has one; prefix caching where the trace repeats prefix blocks."""
-        if PLATFORMS[self.device.platform].fp8_kv_cache:
-            self.parameters["kv_cache_dtype"] = {"type": "categorical", "choices": ["auto", "fp8"]}
-            self.ranges.append(DerivedRange("kv_cache_dtype", "auto, fp8",
-                                            "fp8 halves the KV cache's bytes per token on this platform"))
-        else:
-            self.ranges.append(DerivedRange("kv_cache_dtype", "not searched",
-                                            f"no fp8 KV cache on {self.device.platform}"))
+        """Prefix caching where the trace repeats prefix blocks."""
         blocks = [b for r in self.trace.requests for b in r.prefix_blocks]
         repeated = len(blocks) - len(set(blocks))
         if repeated:

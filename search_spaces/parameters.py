@@ -111,10 +111,10 @@ class FloatParameter(_Range[_Number]):
 
 
 class CategoricalParameter(_Parameter):
-    """One of a list of values."""
+    """One of a list of values; null is vLLM's own default (the flag left out: `quantization: [null, fp8]`)."""
 
     type: Literal["categorical"]
-    choices: Annotated[tuple[Value, ...], Field(min_length=1)]
+    choices: Annotated[tuple[Value | None, ...], Field(min_length=1)]
 
     def for_setting(self, name: str) -> Self:
         """The choices as setting `name` takes them (`'8'` is 8 for an int setting), each one EngineConfig
@@ -129,7 +129,7 @@ class CategoricalParameter(_Parameter):
         """These choices as an Optuna distribution."""
         return CategoricalDistribution(self.choices)
 
-    def suggest(self, trial: optuna.trial.Trial, name: str) -> Scalar:
+    def suggest(self, trial: optuna.trial.Trial, name: str) -> Scalar | None:
         """The choice `trial` proposes for setting `name`."""
         return trial.suggest_categorical(name, self.choices)
 

@@ -58,12 +58,13 @@ def dtype_on_platform(config: EngineConfig, context: SpaceContext) -> str | None
     return f"dtype {config.dtype} is not available on {context.platform} (supported: {', '.join(supported)})"
 
 
-def kv_cache_dtype_on_platform(config: EngineConfig, context: SpaceContext) -> str | None:
-    """An fp8 kv_cache_dtype needs a platform with an fp8 KV cache (see PLATFORMS): not cpu."""
-    kv_dtype = config.kv_cache_dtype
-    if kv_dtype is None or not kv_dtype.startswith("fp8") or PLATFORMS[context.platform].fp8_kv_cache:
+def numerics_allowed(config: EngineConfig, context: SpaceContext) -> str | None:
+    """FP8 weights or KV cache only where the study allows them and the machine runs them (vLLM's CPU build has
+    neither; a GPU needs compute capability 8.9)."""
+    what = config.numerics_text()
+    if what is None or context.fp8_refused is None:
         return None
-    return f"kv_cache_dtype {kv_dtype} is not available on {context.platform}"
+    return f"{what}: {context.fp8_refused}"
 
 
 def kv_cache_holds_one_request(config: EngineConfig, context: SpaceContext) -> str | None:
@@ -98,5 +99,5 @@ def unchunked_batch_holds_context(config: EngineConfig, context: SpaceContext) -
 Rule = Callable[[EngineConfig, SpaceContext], str | None]
 BUILT_IN_RULES: tuple[Rule, ...] = (
     batched_tokens_cover_seqs, context_holds_longest_request, context_within_model,
-    dtype_on_platform, kv_cache_dtype_on_platform, unchunked_batch_holds_context, kv_cache_holds_one_request,
+    dtype_on_platform, numerics_allowed, unchunked_batch_holds_context, kv_cache_holds_one_request,
 )

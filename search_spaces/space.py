@@ -11,7 +11,7 @@ from optuna.distributions import BaseDistribution
 
 from tuner.search_spaces.constraints import Constraint
 from tuner.search_spaces.context import SpaceContext
-from tuner.search_spaces.parameters import Parameter
+from tuner.search_spaces.parameters import CategoricalParameter, Parameter
 from tuner.search_spaces.rules import BUILT_IN_RULES
 from tuner.search_spaces.settings import Scalar
 from tuner.workers.engine_config import EngineConfig
@@ -40,6 +40,17 @@ class SearchSpace:
     def distributions(self) -> dict[str, BaseDistribution]:
         """Each searched setting's Optuna distribution, by name."""
         return {name: p.distribution() for name, p in self.parameters.items()}
+
+    def numerics_settings(self) -> list[str]:
+        """The settings through which this space can propose other numerics than the checkpoint's (FP8 weights or
+        KV cache): fixed so, or with such a choice."""
+        def changes(name: str, value: object) -> bool:
+            return EngineConfig.from_dict({name: value}).changes_numerics
+
+        found = [name for name, value in self.fixed.items() if changes(name, value)]
+        found += [name for name, p in self.parameters.items()
+                  if isinstance(p, CategoricalParameter) and any(changes(name, c) for c in p.choices)]
+        return found
 
     def violations(self, config: EngineConfig, context: SpaceContext) -> list[str]:
         """Why `config` cannot run in `context` (empty: feasible): the built-in rules, then the file's constraints."""

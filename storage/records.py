@@ -84,6 +84,9 @@ class StudySettings:
     request_timeout_s: float
     startup_timeout_s: float
     load: LoadPolicy = field(default_factory=LoadPolicy)
+    # FP8 weights and KV cache may be searched: they change the model's numerics, so only where its creator allowed
+    # it (`--allow-fp8`).
+    allow_fp8: bool = False
 
     def __post_init__(self) -> None:
         if self.boundary not in BOUNDARIES:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sqlalchemy import JSON, Float, ForeignKey, Integer, MetaData, String, Text, UniqueConstraint
+from sqlalchemy import JSON, Boolean, Float, ForeignKey, Integer, MetaData, String, Text, UniqueConstraint, false
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 TABLE_PREFIX = "tuner_"
@@ -58,6 +58,7 @@ class StudyRow(Base):
     startup_timeout_s: Mapped[float] = mapped_column(Float)
     extra: Mapped[dict] = mapped_column(JSON)
     load: Mapped[dict | None] = mapped_column(JSON)  # empty for a study created before load searches: fixed
+    allow_fp8: Mapped[bool] = mapped_column(Boolean, server_default=false())  # FP8 weights and KV cache searched
 
 
 class TraceRow(Base):

@@ -30,6 +30,11 @@ from tuner.workers.measure import Measurement
 
 # The settings that size the KV cache, whichever of them a space searches.
 KV_SETTINGS = ("gpu_memory_utilization", "kv_cache_memory_bytes", "num_gpu_blocks_override")
+# The precision levers, each the choice that relieves one limit, where the space offers it (only a study that
+# allows FP8 does): an fp8 KV cache holds twice the tokens; fp8 weights leave memory to the cache and compute a
+# prefill faster on Hopper.
+KV_LEVER = ("kv_cache_dtype", "fp8")
+COMPUTE_LEVER = ("quantization", "fp8")
 INCUMBENTS = 3  # how many of the best trials are diagnosed before handing over to TPE
 RELIEF_ATTR = "bottleneck_relief"  # user attribute of a trial this sampler proposed: which move, from which trial
 
@@ -66,6 +71,12 @@ class Diagnosis(Signs):
         if self.prefill_slow:
             names.append("max_num_batched_tokens")
         return tuple(names)
+
+    def levers(self) -> tuple[tuple[str, Any], ...]:
+        """The precision levers that fit the limits shown: FP8 KV for a KV cache short, FP8 weights for first
+        tokens late with slots free (prefill compute)."""
+        return tuple(lever for lever, shown in ((KV_LEVER, self.kv_short), (COMPUTE_LEVER, self.prefill_slow))
+                     if shown)
 
 
 def raised(value: Any, distribution: BaseDistribution) -> Any | None:
@@ -119,13 +130,19 @@ def relief_move(trials: Sequence[FrozenTrial], space: dict[str, BaseDistribution
         if set(params) != set(space):
             continue
         moves = []
-        for name in Diagnosis.of(incumbent).settings():
+        diagnosis = Diagnosis.of(incumbent)
+        for name in diagnosis.settings():
             value = raised(params[name], space[name]) if name in space else None
             if value is not None:
                 moves.append(f"{name} {params[name]} -> {value}")
                 params[name] = value
+        for name, value in diagnosis.levers():
+            offered = space.get(name)
+            if isinstance(offered, CategoricalDistribution) and value in offered.choices and params[name] != value:
+                moves.append(f"{name} {params[name]} -> {value}")
+                params[name] = value
         if moves and params not in tried:
-            return ReliefMove(params, f"trial {incumbent.number}: raise " + ", ".join(moves))
+            return ReliefMove(params, f"trial {incumbent.number}: move " + ", ".join(moves))
     return None
 
 

@@ -146,4 +146,22 @@ def recommendation_dict(rec: Recommendation, settings: StudySettings) -> dict[st
         "measurement": _measurement_summary(t.measurement) if t.measurement else None,
         "baseline": baseline_dict(rec.baseline) if rec.baseline else None,
         "validation": rec.validation.to_dict() if rec.validation else None,
+        "changes_numerics": t.engine_config.changes_numerics,
+        "numerics": rec.numerics_sentence(own_dtype(settings)),
+        "own_precision": _own_precision_dict(rec) if rec.own_precision else None,
     }
+
+
+def own_dtype(settings: StudySettings) -> str:
+    """The model's own precision as its config names it (bfloat16...), or in words for a study stored without."""
+    memory = settings.model_info.memory
+    return memory.dtype if memory is not None else "the model's own precision"
+
+
+def _own_precision_dict(rec: Recommendation) -> dict[str, Any]:
+    """The best configuration at the model's own precision, beside a recommendation that changes its numerics: its
+    trial, command, settings, score as stored and its validated gain over vLLM's default (or why there is none)."""
+    own = rec.own_precision
+    assert own is not None
+    return {"trial": own.trial_number, "serve_command": own.serve_command, "engine_config": own.engine_config.to_dict(),
+            "score": own.score.to_dict() if own.score else {}, "gain": rec.own_precision_gain()}

@@ -23,6 +23,17 @@ class HardwareInfo:
     cpu_model: str
     cpu_cores: int
     memory_gib: float
+    gpu_compute_capability: float | None = None  # of the first GPU, e.g. 9.0 for Hopper; None without one
+
+    def fp8_unsupported(self) -> str | None:
+        """Why FP8 weights and KV cache cannot run here (vLLM's CPU build has neither, and a GPU needs compute
+        capability 8.9: Ada or Hopper); None where they can."""
+        if self.accelerator != "cuda":
+            return "vLLM's CPU build has no FP8 weights or KV cache"
+        if self.gpu_compute_capability is not None and self.gpu_compute_capability < 8.9:
+            return (f"FP8 needs a GPU of compute capability 8.9 or later (Ada, Hopper); the {self.gpu_model} has "
+                    f"{self.gpu_compute_capability:g}")
+        return None
 
     def describe(self) -> str:
         """The machine in a few words: the GPUs' count, model and memory, or the CPU's model and cores and the RAM."""
@@ -75,8 +86,9 @@ def visible_gpus(cuda_visible_devices: str | None, uuids: Sequence[str]) -> list
     return visible
 
 
-def _gpus(cuda_visible_devices: str | None) -> list[tuple[str, float]]:
-    """(name, memory GiB) per GPU this process may use, from NVML; none where there is no NVIDIA driver."""
+def _gpus(cuda_visible_devices: str | None) -> list[tuple[str, float, float]]:
+    """(name, memory GiB, compute capability) per GPU this process may use, from NVML; none where there is no NVIDIA
+    driver."""
     try:
         pynvml.nvmlInit()
     except pynvml.NVMLError:  # no libnvidia-ml (no driver), or a driver that does not answer
@@ -90,7 +102,9 @@ def _gpus(cuda_visible_devices: str | None) -> list[tuple[str, float]]:
                 handle = pynvml.nvmlDeviceGetHandleByUUID(uuid)
             except pynvml.NVMLError_NotFound:  # a MIG UUID of no device: CUDA's list ends there
                 break
-            gpus.append((pynvml.nvmlDeviceGetName(handle), pynvml.nvmlDeviceGetMemoryInfo(handle).total / 2**30))
+            major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
+            gpus.append((pynvml.nvmlDeviceGetName(handle), pynvml.nvmlDeviceGetMemoryInfo(handle).total / 2**30,
+                         major + minor / 10))
         return gpus
     except pynvml.NVMLError:
         return []
@@ -115,4 +129,5 @@ def _detect(cuda_visible_devices: str | None) -> HardwareInfo:
         cpu_model=_cpu_model(),
         cpu_cores=psutil.cpu_count() or 1,
         memory_gib=psutil.virtual_memory().total / 2**30,
+        gpu_compute_capability=gpus[0][2] if gpus else None,
     )

@@ -31,8 +31,12 @@ DEFAULT_BATCHED_TOKENS = {"cuda": 8192, "cpu": 2048}
 CUDA_RESERVED_BYTES = int(0.57 * GiB)  # of the card's total as nvidia-smi reports it: the CUDA context's
 CUDA_OVERHEAD_BYTES = int(0.40 * GiB)  # memory outside torch's allocator once the model has run
 ACTIVATION_FACTOR = 2.9  # peak activation = factor x batched tokens x (hidden + intermediate) x dtype bytes
+# With an fp8 KV cache vLLM holds about one batch's KV at the model's dtype besides (fitted on the three fp8-KV
+# startups measured, Llama-3.1-8B and Qwen2.5-32B on an H100 and an H200: residuals -1.6% to +1.4%; without it the
+# 32B's were +3.6% and +6.9%). Read as the batch's keys and values before they are quantized into the cache.
+FP8_KV_BATCH_COPIES = 1.0
 # The estimate's stated error: the largest of the calibration rows (Qwen2.5-32B fp8, 3.6%), rounded up.
-# An explicit KV budget is exact (measured on the CPU build: BENCHMARKS.md, section 5).
+# An explicit KV budget is exact (measured on the CPU build: BENCHMARKS.md, "KV budget estimate").
 ESTIMATE_ERROR = 0.05
 # The CPU build without an explicit budget keeps the utilization's share of RAM less its own resident memory
 # (weights, runtime), which is known only after its warm-up: not calibrated, so a wide error.
@@ -40,6 +44,11 @@ CPU_UTILIZATION_ERROR = 0.25
 
 _DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2, "fp8": 1, "fp8_e4m3": 1,
                 "fp8_e5m2": 1}
+# Bytes of one quantized weight, by the method vLLM runs it with: online fp8 (`--quantization fp8`), or a checkpoint
+# quantized already (its config's quantization_config.quant_method). Embeddings, the output projection and norms
+# stay at the model's dtype (`ModelMemory.unquantized_parameters`).
+QUANTIZED_WEIGHT_BYTES = {"fp8": 1.0, "fbgemm_fp8": 1.0, "modelopt": 1.0, "awq": 0.5, "gptq": 0.5,
+                          "awq_marlin": 0.5, "gptq_marlin": 0.5}
 
 
 @dataclass(frozen=True)
@@ -55,14 +64,23 @@ class ModelMemory:
     parameters: int
     dtype: str  # the config's own, e.g. bfloat16
     max_position_embeddings: int
+    # Left at the model's dtype when the linear layers are quantized: embeddings, output projection, norms.
+    unquantized_parameters: int = 0
+    quantization: str | None = None  # the checkpoint's own method (its config's quant_method), None for none
 
     def dtype_bytes(self, dtype: str | None = None) -> int:
         """Bytes of one value in the engine's dtype (None or auto: the config's)."""
         return _DTYPE_BYTES[self.dtype if dtype in (None, "auto") else dtype]
 
-    def weight_bytes(self, dtype: str | None = None) -> int:
-        """Bytes of the weights: parameters x bytes of one value in `dtype` (None or auto: the config's)."""
-        return self.parameters * self.dtype_bytes(dtype)
+    def weight_bytes(self, dtype: str | None = None, quantization: str | None = None) -> int:
+        """Bytes of the weights in `dtype` (None or auto: the config's): the linear layers' at the bytes of the
+        quantization (`quantization`, else the checkpoint's own, else none), the rest at the dtype's."""
+        method = quantization or self.quantization
+        per_weight = QUANTIZED_WEIGHT_BYTES.get(method) if method else None
+        if per_weight is None:
+            return self.parameters * self.dtype_bytes(dtype)
+        kept = self.unquantized_parameters
+        return int((self.parameters - kept) * per_weight) + kept * self.dtype_bytes(dtype)
 
     def kv_bytes_per_token(self, dtype: str | None = None, kv_cache_dtype: str | None = None) -> int:
         """layers x (K, V) x KV heads x head size x bytes of the KV cache dtype (auto: the model's dtype)."""
@@ -119,7 +137,19 @@ def read_model_memory(path: str | Path) -> ModelMemory:
         architecture=(getattr(config, "architectures", None) or [type(config).__name__])[0],
         layers=layers, kv_heads=kv_heads, head_dim=head_dim, hidden_size=hidden, intermediate_size=intermediate,
         parameters=layers * per_layer + embeddings + hidden, dtype=dtype,
-        max_position_embeddings=int(getattr(text, "max_position_embeddings", None) or 2048))
+        max_position_embeddings=int(getattr(text, "max_position_embeddings", None) or 2048),
+        unquantized_parameters=embeddings + layers * 2 * hidden + hidden,
+        quantization=checkpoint_quantization(config))
+
+
+def checkpoint_quantization(config) -> str | None:
+    """The method a checkpoint is quantized with already, as its config names it (quantization_config's
+    quant_method: a dict in config.json, an object once transformers has read it); None for none."""
+    quant = getattr(config, "quantization_config", None)
+    if quant is None:
+        return None
+    method = quant.get("quant_method") if isinstance(quant, dict) else getattr(quant, "quant_method", None)
+    return str(getattr(method, "value", method)) if method else "unknown"
 
 
 @dataclass(frozen=True)
@@ -224,9 +254,11 @@ def usable_kv_bytes(model: ModelMemory, device: DeviceMemory, config: EngineConf
     gpus = config.tensor_parallel_size or 1
     reserved = CUDA_RESERVED_BYTES if device.platform == "cuda" else 0
     batched = config.max_num_batched_tokens or DEFAULT_BATCHED_TOKENS[device.platform]
+    fp8_kv = (config.kv_cache_dtype or "auto").startswith("fp8")
+    staging = FP8_KV_BATCH_COPIES * batched * model.kv_bytes_per_token(config.dtype) if fp8_kv else 0
     per_gpu = (utilization * (device.total_bytes - reserved) - CUDA_OVERHEAD_BYTES
-               - model.activation_bytes(batched, config.dtype) / gpus)
-    return int(per_gpu * gpus - model.weight_bytes(config.dtype))
+               - (model.activation_bytes(batched, config.dtype) + staging) / gpus)
+    return int(per_gpu * gpus - model.weight_bytes(config.dtype, config.quantization))
 
 
 _KV_LOGGED = re.compile(r"KV cache size: ([\d,]+) tokens")

@@ -55,6 +55,8 @@ class StudyRequest(BaseModel):
     probe_requests: int = 80
     probe_seconds: Optional[float] = Field(None, description="Least seconds of arrivals a probe; default 20 (10 for "
                                                              "the bundled demo trace).")
+    allow_fp8: bool = Field(False, description="Search FP8 weights and KV cache too: they change the model's "
+                                               "numerics.")
 
 
 # The answers' shapes, declared for the service's OpenAPI document. An answer may carry more than is declared
@@ -382,6 +384,18 @@ class ValidationAnswer(Answer):
     sentence: str
 
 
+class OwnPrecisionAnswer(Answer):
+    """The best configuration at the model's own precision, shown beside a recommendation that changes numerics:
+    its trial, command and settings, its score as stored and its validated gain over vLLM's default in words (or
+    why there is none)."""
+
+    trial: int
+    serve_command: str
+    engine_config: JsonObject
+    score: Union[ScoreAnswer, Empty] = Field(union_mode="left_to_right")
+    gain: str
+
+
 class RecommendationAnswer(StatedContext, RecommendedConfig):
     """The recommended configuration: its command, boundary, machine, vLLM, trace, and the validation that states
     its gain over vLLM's default (`baseline` is None when the study did not run the default; `validation` is None
@@ -393,6 +407,12 @@ class RecommendationAnswer(StatedContext, RecommendedConfig):
     measurement: MeasurementSummary
     baseline: Optional[BaselineAnswer]
     validation: Optional[ValidationAnswer]
+    changes_numerics: bool = Field(False, description="Whether the recommendation computes with other numerics than "
+                                                      "the model's own precision (FP8 weights or KV cache)")
+    numerics: Optional[str] = Field(None, description="What it changes, in one sentence; None when nothing")
+    own_precision: Optional[OwnPrecisionAnswer] = Field(None, description="Beside a recommendation that changes "
+                                                                          "numerics: the best configuration at the "
+                                                                          "model's own precision")
 
 
 class Enqueued(Answer):
@@ -579,7 +599,8 @@ class LocalStudies:
             request_timeout_s=request.request_timeout_s, startup_timeout_s=request.startup_timeout_s,
             load=LoadPolicy.from_options(request.load, _given(request.precision, policy.precision),
                                          request.probe_budget, request.load_range, request.probe_requests,
-                                         _given(request.probe_seconds, policy.probe_seconds)))
+                                         _given(request.probe_seconds, policy.probe_seconds)),
+            allow_fp8=request.allow_fp8)
         created = {**new.settings.to_dict(), "storage": redact_url(self.plan.url),
                    "probe_length": new.probe_length.to_dict()}
         if request.warm_from is not None or request.trace_latest is not None:

@@ -204,10 +204,18 @@ class Validation:
     @property
     def gain(self) -> GainInterval | None:
         """The finalist over the default; None when either carried nothing in some launch, or lacks 2 launches."""
-        a, b = self.finalist, self.default
+        return self.gain_of(self.finalist)
+
+    def gain_of(self, arm: ArmResult) -> GainInterval | None:
+        """One arm over the default; None when either carried nothing in some launch, or lacks 2 launches."""
+        a, b = arm, self.default
         if not (a.carried_every_time and b.carried_every_time and len(a.values) >= 2 and len(b.values) >= 2):
             return None
         return gain_interval(a.values, b.values, self.resolution, (a.bracket, b.bracket))
+
+    def arm_of(self, trial: int) -> ArmResult | None:
+        """The arm that validated search trial `trial`; None where none did."""
+        return next((a for a in self.arms if a.arm.of_trial == trial), None)
 
     @property
     def keep_default(self) -> bool:

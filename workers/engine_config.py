@@ -10,6 +10,9 @@ from tuner.errors import TunerError
 
 _DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")
 _KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16")
+# Online quantization of a checkpoint at its own precision, as vLLM's --quantization takes it: fp8 weights, their
+# scales computed at load. A checkpoint quantized already keeps its own method (read from its config), unset here.
+QUANTIZATIONS = ("fp8",)
 # vLLM and torch keep these counts in 32-bit integers; a larger value would only fail at launch. A byte count
 # may be larger, up to what a float holds exactly (8 PiB).
 _COUNT_MAX = 2**31 - 1
@@ -39,6 +42,7 @@ class EngineConfig:
     enable_chunked_prefill: bool | None = None
     enable_prefix_caching: bool | None = None
     kv_cache_dtype: str | None = None
+    quantization: str | None = None
     block_size: int | None = None
     kv_cache_memory_bytes: int | None = None
     num_gpu_blocks_override: int | None = None
@@ -63,6 +67,22 @@ class EngineConfig:
         if self.kv_cache_dtype is not None and self.kv_cache_dtype not in _KV_CACHE_DTYPES:
             raise TunerError(f"kv_cache_dtype must be one of {', '.join(_KV_CACHE_DTYPES)}, "
                              f"got {self.kv_cache_dtype!r}")
+        if self.quantization is not None and self.quantization not in QUANTIZATIONS:
+            raise TunerError(f"quantization must be one of {', '.join(QUANTIZATIONS)} (a checkpoint quantized "
+                             f"already keeps its own), got {self.quantization!r}")
+
+    @property
+    def changes_numerics(self) -> bool:
+        """Whether this configuration computes with other numbers than the checkpoint's own precision: weights
+        quantized at load, or a KV cache in fp8. Outputs then differ from the checkpoint's."""
+        return self.quantization is not None or (self.kv_cache_dtype or "auto").startswith("fp8")
+
+    def numerics_text(self) -> str | None:
+        """What changes numerics, in words ("weights and KV cache in FP8"); None when nothing does."""
+        parts = [name for name, changed in (("weights", self.quantization is not None),
+                                            ("KV cache", (self.kv_cache_dtype or "auto").startswith("fp8")))
+                 if changed]
+        return f"{' and '.join(parts)} in FP8" if parts else None
 
     def to_dict(self) -> dict[str, Any]:
         """Only the fields that were set: the rest is vLLM's default."""

@@ -80,7 +80,7 @@ def read_or_clear_error(path: Path, content: bytes) -> None:
             assert trace.format == (format or trace.format)
             outcome = "valid"
         if format is None:
-            # Counted by --hypothesis-show-statistics: the valid/error split of RELIABILITY.md.
+            # Counted by --hypothesis-show-statistics: the valid/error split of docs/reliability.md.
             event(f"detected: {outcome}")
 
 
@@ -348,8 +348,11 @@ def stored_study(tmp_path_factory, tiny_model):
     broken_space.write_text(TINY_STEP_SPACE)
     broken_trace = root / "broken.csv"
     broken_trace.write_text(AZURE_LINES[:-20])
+    fp8_space = root / "fp8.yaml"  # a valid space that changes numerics: only a study that allows it may search it
+    fp8_space.write_text("parameters:\n  kv_cache_dtype: {type: categorical, choices: [auto, fp8]}\n"
+                         "  quantization: {type: categorical, choices: [null, fp8]}\n")
     return {"url": url, "base": base, "root": root, "broken_space": str(broken_space),
-            "broken_trace": str(broken_trace), "rows": stored_rows(url)}
+            "broken_trace": str(broken_trace), "fp8_space": str(fp8_space), "rows": stored_rows(url)}
 
 
 METACHARS = "$(touch {root}/pwned); rm -rf ~ `touch {root}/pwned` | tee {root}/pwned"
@@ -377,6 +380,11 @@ BAD_COMMANDS = [
     ("create-space-unknown", [*OTHER, "--space", "h100"], "h100: no such search space file"),
     ("create-space-broken", [*OTHER, "--space", "{broken_space}"], "is too small for the range"),
     ("create-boundary", [*OTHER, "--boundary", "fast"], "unknown boundary 'fast'"),
+    # FP8 changes the model's numerics: refused where the machine cannot run it, and unless the study allows it.
+    ("create-fp8-on-cpu", [*OTHER, "--allow-fp8"], "--allow-fp8: vLLM's CPU build has no FP8 weights or KV cache"),
+    ("create-fp8-space-not-allowed", [*OTHER, "--space", "{fp8_space}"],
+     "space fp8 searches FP8 (kv_cache_dtype, quantization), which changes the model's numerics: create the study "
+     "with --allow-fp8 to search it"),
     ("create-sampler", [*OTHER, "--sampler", "anneal"], "unknown sampler 'anneal'"),
     ("create-seed-text", [*OTHER, "--seed", "x"], "Invalid value for '--seed'"),
     ("create-trace-missing", [*OTHER, "--trace", "{root}/absent.csv"], "cannot read the file"),
@@ -400,6 +408,10 @@ BAD_COMMANDS = [
     ("enqueue-huge", ["study", "enqueue", "keep", "--set", "max_num_seqs=" + "9" * 300],
      "max_num_seqs must be at most 2147483647, got 1e+300"),
     ("enqueue-share", ["study", "enqueue", "keep", "--set", "gpu_memory_utilization=1.5"], "must be in (0, 1]"),
+    ("enqueue-quantization-int3", ["study", "enqueue", "keep", "--set", "quantization=int3"],
+     "quantization must be one of fp8"),
+    ("enqueue-quantization-not-searched", ["study", "enqueue", "keep", "--set", "quantization=fp8"],
+     "quantization is not searched in space cpu-small"),
     ("enqueue-missing-study", ["study", "enqueue", "absent", "--set", "max_num_seqs=2"], "no study named absent"),
     ("enqueue-metachars-name", ["study", "enqueue", "keep", "--set", "served_model_name=" + METACHARS],
      "unknown engine setting 'served_model_name'"),

@@ -33,7 +33,7 @@ from tuner.workers.trial import TrialRecord
 from factories import request_records, study_settings, trial_record
 
 TUNER_TABLES = {"tuner_studies", "tuner_traces", "tuner_trials", "tuner_requests", "tuner_schedule_runs"}
-LATEST = "0006"  # tuner's newest Alembic revision
+LATEST = "0007"  # tuner's newest Alembic revision
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -146,11 +146,13 @@ def test_a_schedule_runs_table_made_by_hand_before_0002_is_kept_by_the_upgrade(u
 
 
 def test_studies(repo):
-    first, second = study_settings(), study_settings(name="s2", created_at="2025-05-02T10:00:00+00:00")
+    # The second allows FP8 (it changes the model's numerics): its creator's choice is kept with it.
+    first, second = study_settings(), study_settings(name="s2", created_at="2025-05-02T10:00:00+00:00", allow_fp8=True)
     repo.save_study(second)
     repo.save_study(first)
     assert repo.get_study("s1") == first
     assert repo.list_studies() == [first, second]
+    assert [s.allow_fp8 for s in repo.list_studies()] == [False, True]
     with pytest.raises(TunerError, match="study s1 already exists"):
         repo.save_study(replace(first, model="/models/other"))
     assert repo.get_study("s1").model == "/models/tiny"

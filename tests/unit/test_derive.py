@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import json
 import subprocess
 import sys
@@ -38,7 +40,7 @@ def _ranges(derived) -> dict:
 @pytest.mark.parametrize("name, low", [("llama-3.1-8b", 0.15), ("qwen2.5-32b", 0.5)])
 def test_shipped_architectures_get_sensible_ranges_for_an_h200(architectures, name, low):
     model = read_model_memory(architectures[name])
-    derived = derive_space(model, H200, TRACE, "clip")
+    derived = derive_space(model, H200, TRACE, "clip", fp8=True)
     space = derived.space
     utilization = space.parameters["gpu_memory_utilization"]
     # The least utilization whose cache holds the shortest context: just above the weights' share of the card.
@@ -54,16 +56,43 @@ def test_shipped_architectures_get_sensible_ranges_for_an_h200(architectures, na
     assert "0% clipped" in _ranges(derived)["max_model_len"].reason
     seqs = space.parameters["max_num_seqs"]
     mean = sum(contexts) / len(contexts)
-    # The largest budget offered is the fp8 KV cache's: the batch sizes only fp8 makes room for are offered too.
-    top = estimate_kv(model, H200, EngineConfig(gpu_memory_utilization=0.95, kv_cache_dtype="fp8"))
+    # FP8 allowed: the largest budget offered is that of FP8 weights and KV cache, and the batch sizes only they
+    # make room for are offered too.
+    top = estimate_kv(model, H200, EngineConfig(gpu_memory_utilization=0.95, kv_cache_dtype="fp8", quantization="fp8"))
     assert seqs.high == min(1000, int(top.tokens / mean))
-    assert f"({top.tokens:,} with the fp8 KV cache)" in _ranges(derived)["gpu_memory_utilization"].reason
+    assert (f"({top.tokens:,} with weights and KV cache in FP8)"
+            in _ranges(derived)["gpu_memory_utilization"].reason)
     assert 1 <= seqs.low < seqs.high and seqs.log
     assert space.parameters["kv_cache_dtype"].choices == ("auto", "fp8")
+    assert space.parameters["quantization"].choices == (None, "fp8")
+    assert space.numerics_settings() == ["kv_cache_dtype", "quantization"]
     assert "enable_prefix_caching" not in space.parameters  # the Azure trace has no prefix blocks
     assert space.fixed == {"enable_chunked_prefill": True}
     # Every reason is one line, and the stored text carries it.
     assert all(r.reason and "\n" not in r.reason and r.reason in space.text for r in derived.ranges)
+
+
+def test_without_fp8_allowed_the_derived_space_keeps_the_checkpoints_numerics(architectures):
+    model = read_model_memory(architectures["llama-3.1-8b"])
+    derived = derive_space(model, H200, TRACE, "clip")
+    assert "kv_cache_dtype" not in derived.space.parameters and "quantization" not in derived.space.parameters
+    assert derived.space.numerics_settings() == []
+    # The largest budget is the model's own precision's.
+    top = estimate_kv(model, H200, EngineConfig(gpu_memory_utilization=0.95))
+    mean = sum(r.input_tokens + r.output_tokens for r in TRACE.requests) / len(TRACE.requests)
+    assert derived.space.parameters["max_num_seqs"].high == min(1000, int(top.tokens / mean))
+    assert _ranges(derived)["quantization"].values == "not searched"
+
+
+def test_a_checkpoint_quantized_already_keeps_its_own_method(architectures):
+    model = replace(read_model_memory(architectures["llama-3.1-8b"]), quantization="awq")
+    derived = derive_space(model, H200, TRACE, "clip", fp8=True)
+    assert derived.space.parameters["kv_cache_dtype"].choices == ("auto", "fp8")
+    assert "quantization" not in derived.space.parameters
+    assert "quantized already (awq)" in _ranges(derived)["quantization"].reason
+    # Its weights are the method's: int4 for the linear layers, the embeddings at bf16.
+    kept = model.unquantized_parameters
+    assert model.weight_bytes() == (model.parameters - kept) // 2 + 2 * kept
 
 
 def test_an_unfitted_trace_offers_only_contexts_that_hold_every_request(architectures):

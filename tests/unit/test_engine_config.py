@@ -22,6 +22,16 @@ def test_assignments_become_typed_fields_and_flags():
                                 "enable_prefix_caching": False, "enforce_eager": True}
 
 
+def test_fp8_weights_and_kv_cache_are_flags_that_change_numerics():
+    config = EngineConfig.from_assignments(["quantization=fp8", "kv_cache_dtype=fp8"])
+    assert config.cli_args() == ["--kv-cache-dtype", "fp8", "--quantization", "fp8"]
+    assert config.changes_numerics and config.numerics_text() == "weights and KV cache in FP8"
+    assert EngineConfig(kv_cache_dtype="fp8_e4m3").numerics_text() == "KV cache in FP8"
+    assert EngineConfig(quantization="fp8").numerics_text() == "weights in FP8"
+    for same in (EngineConfig(), EngineConfig(kv_cache_dtype="auto"), EngineConfig(dtype="bfloat16")):
+        assert not same.changes_numerics and same.numerics_text() is None
+
+
 def test_serve_command_quotes_what_a_shell_would_split():
     config = EngineConfig(max_num_seqs=4)
     assert config.serve_command("/models/my model") == "vllm serve '/models/my model' --max-num-seqs 4"

@@ -48,6 +48,39 @@ def test_estimate_is_within_its_stated_error_of_vllms_figure_on_an_h200(architec
     assert estimate.tokens % 16 == 0  # whole blocks of 16 tokens, as vLLM allocates on a GPU
 
 
+# One H100 80GB as nvidia-smi reports it, and vLLM 0.24.0's KV cache there at its default utilization (issue 34,
+# production engine, dummy weights): the checkpoint's bf16, online FP8 weights, and FP8 weights and KV cache.
+H100 = DeviceMemory("cuda", 81559 * 2**20)
+H100_PRECISION_TABLE = [
+    ("llama-3.1-8b", EngineConfig(), 462_944),
+    ("llama-3.1-8b", EngineConfig(quantization="fp8"), 515_600),
+    ("llama-3.1-8b", EngineConfig(quantization="fp8", kv_cache_dtype="fp8"), 1_031_216),
+    ("qwen2.5-32b", EngineConfig(quantization="fp8", kv_cache_dtype="fp8", max_model_len=32768), 298_256),
+]
+
+
+@pytest.mark.parametrize("name, config, measured", H100_PRECISION_TABLE,
+                         ids=[f"{r[0]}-{r[2]}" for r in H100_PRECISION_TABLE])
+def test_estimate_knows_the_weight_bytes_of_each_precision_on_an_h100(architectures, name, config, measured):
+    assert abs(estimate_kv(architectures[name], H100, config).tokens - measured) <= ESTIMATE_ERROR * measured
+
+
+def test_fp8_weights_quantize_the_linear_layers_and_keep_the_embeddings(architectures):
+    llama = architectures["llama-3.1-8b"]
+    embeddings = 2 * 128_256 * 4096  # input and output, untied
+    assert llama.unquantized_parameters == embeddings + 32 * 2 * 4096 + 4096  # and the norms
+    assert llama.weight_bytes(quantization="fp8") == (llama.parameters - llama.unquantized_parameters) \
+        + 2 * llama.unquantized_parameters
+    assert llama.quantization is None  # a bf16 checkpoint
+
+
+def test_the_bf16_32b_at_32k_context_on_an_h100_fits_one_request_by_the_estimate(architectures):
+    # 61 GiB of weights leave about 40k tokens at vLLM's default utilization: one request of 32k fits, so the rule
+    # launches it (vLLM's own refusal, if it comes, is recorded as kv_insufficient beside the estimate).
+    estimate = estimate_kv(architectures["qwen2.5-32b"], H100, EngineConfig(max_model_len=32768))
+    assert 32_768 < estimate.tokens < 48_000 and estimate.fit(32_768) is Fit.FITS
+
+
 def test_an_explicit_budget_is_exact_in_whole_blocks(tiny_model):
     tiny = read_model_memory(tiny_model)
     assert tiny.kv_bytes_per_token() == 4 * 2 * 2 * 64 * 2
@@ -96,3 +129,16 @@ def test_a_folder_without_a_usable_config_is_one_line_naming_the_cause(tmp_path,
     with pytest.raises(TunerError) as caught:
         read_model_memory(_folder(tmp_path, config))
     assert expected in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_a_checkpoint_quantized_already_reads_as_its_own_method(tmp_path):
+    folder = write_architecture("llama-3.1-8b", tmp_path / "awq")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "quantization_config": {"quant_method": "awq",
+                                                                                         "bits": 4}}))
+    model = read_model_memory(folder)
+    assert model.quantization == "awq"
+    # Its linear layers at 4 bits, its embeddings and norms at bf16; an online fp8 asked of it would not apply
+    # (vLLM keeps the checkpoint's own), so the study never proposes one (tests/unit/test_derive.py).
+    kept = model.unquantized_parameters
+    assert model.weight_bytes() == (model.parameters - kept) // 2 + 2 * kept

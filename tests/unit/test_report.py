@@ -616,3 +616,58 @@ def test_trial_table_names_the_metrics_vllm_did_not_report(unreported, shown):
     console.print(_trial_table(record))
     lines = [line for line in console.export_text().splitlines() if "not reported by vLLM" in line]
     assert [line.split("not reported by vLLM", 1)[1].strip(" │") for line in lines] == ([shown] if shown else [])
+
+
+def test_a_recommendation_in_fp8_says_so_and_shows_the_best_at_the_models_own_precision():
+    from tuner.describe import recommendation_dict
+    from tuner.studies import RecommendationAnswer
+    from tuner.study.recommendation import own_precision_best
+    from tuner.validation import Arm, ArmResult, Validation
+
+    data = report_data()
+    fast_m = measurement(completed_rps=2.4)
+    fp8 = stored(3, "complete", {"max_num_seqs": 16, "kv_cache_dtype": "fp8", "quantization": "fp8"}, fast_m,
+                 score=scored(fast_m))
+    own_m = measurement(completed_rps=2.1)
+    own = stored(6, "complete", {"max_num_seqs": 8}, own_m, score=scored(own_m))
+    trials = (*data.trials[:3], fp8, *data.trials[4:], own)
+    # The validation launched the default, the FP8 finalist and the best at the model's own precision.
+    validated = Validation(1, 2, (ArmResult(Arm(0, None), (7, 10), (2.0, 2.2)),
+                                  ArmResult(Arm(1, 3), (8, 11), (2.9, 3.1)), ArmResult(Arm(2, 6), (9, 12), (2.0, 2.1))),
+                           (7, 8, 9, 10, 11, 12), "req/s within the boundary")
+    assert own_precision_best(list(trials), fp8, validated) is own
+    assert own_precision_best(list(trials), own, validated) is None  # a recommendation at its own precision
+    rec = replace(data.recommendation, trial=fp8, validation=validated, own_precision=own)
+    data = replace(data, trials=trials, recommendation=rec)
+    lines = recommendation_lines(data)
+    assert lines[1] == fp8.serve_command and "--quantization fp8" in lines[1] and "--kv-cache-dtype fp8" in lines[1]
+    assert lines[2] == ("Weights and KV cache in FP8: outputs differ from the model's own precision; check your own "
+                        "quality evaluations.")
+    assert lines[-1].startswith(f"At the model's own precision the best is trial 6 ({own.serve_command})")
+    assert lines[-1].endswith(f"; against vLLM's default: {validated.gain_of(validated.arms[2]).text()}."), lines[-1]
+    # Programs and the service read the same, marked: changes_numerics, the sentence, and the other configuration.
+    answer = RecommendationAnswer.model_validate_json(
+        RecommendationAnswer.model_validate(recommendation_dict(rec, data.settings)).model_dump_json())
+    assert answer.changes_numerics and answer.numerics.startswith("weights and KV cache in FP8: outputs differ")
+    assert answer.own_precision.trial == 6 and answer.own_precision.serve_command == own.serve_command
+    assert answer.own_precision.gain.startswith("against vLLM's default: x") and "95% CI" in answer.own_precision.gain
+    plain = RecommendationAnswer.model_validate(recommendation_dict(report_data().recommendation, data.settings))
+    assert not plain.changes_numerics and plain.numerics is None and plain.own_precision is None
+
+
+def test_a_validation_of_fp8_finalists_launches_the_best_at_the_models_own_precision_too():
+    from tuner.study.recommendation import finalists
+
+    def trial(number: int, config: dict, rps: float) -> StoredTrial:
+        m = measurement(completed_rps=rps)
+        return stored(number, "complete", config, m, score=scored(m))
+
+    default = EngineConfig.from_dict(SPACE_FIXED)
+    trials = [trial(0, {}, 2.0), trial(1, {"kv_cache_dtype": "fp8"}, 3.0),
+              trial(2, {"quantization": "fp8", "max_num_seqs": 8}, 2.8), trial(3, {"max_num_seqs": 8}, 2.5),
+              trial(4, {"max_num_seqs": 4}, 2.2)]
+    assert finalists(trials, 1, default, {0}) == [1, 3]  # the FP8 best, and the best at the model's own precision
+    assert finalists(trials, 2, default, {0}) == [1, 2, 3]
+    assert finalists(trials, 3, default, {0}) == [1, 2, 3]  # the third is at the own precision already
+    assert finalists([trials[0], trials[3], trials[1]], 1, default, {0}) == [1, 3]
+    assert finalists([t for t in trials if t.trial_number != 3 and t.trial_number != 4], 1, default, {0}) == [1]

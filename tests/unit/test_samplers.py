@@ -95,10 +95,39 @@ def test_relief_moves_the_best_trial_and_never_repeats_a_configuration():
     _tell(study, {"max_num_seqs": 2, "gpu_memory_utilization": 0.9, "max_num_batched_tokens": 256}, 2.0, CALM)
     params, note = _suggest(study)
     assert params == {"max_num_seqs": 8, "gpu_memory_utilization": 0.6, "max_num_batched_tokens": 1024}
-    assert note == "trial 0: raise gpu_memory_utilization 0.3 -> 0.6"
+    assert note == "trial 0: move gpu_memory_utilization 0.3 -> 0.6"
     # That move is taken now (the trial above), so the same figures give no move from trial 0 again.
     move = relief_move(study.trials, SPACE)
     assert move is None or move.params != params
+
+
+# A space of a study that allows FP8: the precision levers are offered beside the scheduler's settings.
+FP8_SPACE = {**SPACE, "kv_cache_dtype": CategoricalDistribution(["auto", "fp8"]),
+             "quantization": CategoricalDistribution([None, "fp8"])}
+
+
+@pytest.mark.parametrize("figures, ttft_over, expected", [
+    # The KV cache short: FP8 KV beside a larger budget.
+    ({"preemptions": 4, "kv_usage_peak": 1.0, "waiting_peak": 3.0, "running_peak": 8.0}, -1.0,
+     {"gpu_memory_utilization": 0.6, "kv_cache_dtype": "fp8", "quantization": None}),
+    # First tokens late with slots free (prefill compute): FP8 weights beside a larger token budget.
+    ({"preemptions": 0, "kv_usage_peak": 0.4, "waiting_peak": 0.0, "running_peak": 3.0}, 0.8,
+     {"gpu_memory_utilization": 0.3, "kv_cache_dtype": "auto", "quantization": "fp8",
+      "max_num_batched_tokens": 4096}),
+])
+def test_relief_pulls_the_precision_lever_that_fits_the_limit_read(figures, ttft_over, expected):
+    study = optuna.create_study(directions=["maximize", "minimize"])
+    params = {"max_num_seqs": 8, "gpu_memory_utilization": 0.3, "max_num_batched_tokens": 1024,
+              "kv_cache_dtype": "auto", "quantization": None}
+    study.add_trial(optuna.trial.create_trial(
+        state=TrialState.COMPLETE, values=[5.0, 1.0], params=params, distributions=FP8_SPACE, user_attrs=figures,
+        constraints={"ttft_p95_s": ttft_over}))
+    move = relief_move(study.trials, FP8_SPACE)
+    assert move is not None and move.params == {**params, **expected}, move
+    # Without FP8 in the space (a study that does not allow it), no lever is pulled.
+    plain = relief_move(study.trials, {**SPACE, "kv_cache_dtype": CategoricalDistribution(["auto"]),
+                                       "quantization": CategoricalDistribution([None])})
+    assert plain is None or ("fp8" not in plain.params.values()), plain
 
 
 def test_calm_trials_leave_the_proposal_to_tpe():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import json
 import math
 from pathlib import Path
@@ -309,7 +311,11 @@ RULES = [
     (EngineConfig(max_model_len=8192), CUDA, "max_model_len (8192) is above the model's max_position_embeddings (4096)"),
     (EngineConfig(dtype="float16"), CPU, "dtype float16 is not available on cpu (supported: auto, bfloat16, float, float32)"),
     (EngineConfig(dtype="half"), CPU, "dtype half is not available on cpu"),
-    (EngineConfig(kv_cache_dtype="fp8_e5m2"), CPU, "kv_cache_dtype fp8_e5m2 is not available on cpu"),
+    (EngineConfig(kv_cache_dtype="fp8_e5m2"), CPU,
+     "KV cache in FP8: the study does not allow FP8 (it changes the model's numerics: create it with --allow-fp8)"),
+    (EngineConfig(quantization="fp8", kv_cache_dtype="fp8"), replace(CUDA, fp8_refused="FP8 needs a GPU of compute "
+                                                                     "capability 8.9 or later"),
+     "weights and KV cache in FP8: FP8 needs a GPU of compute capability 8.9 or later"),
     (EngineConfig(enable_chunked_prefill=False, max_num_batched_tokens=512, max_model_len=2048), CUDA,
      "max_num_batched_tokens (512) is below max_model_len (2048) with enable_chunked_prefill false"),
     (EngineConfig(enable_chunked_prefill=False, max_num_batched_tokens=2048), CUDA,
@@ -328,7 +334,7 @@ def test_each_built_in_rule_rejects_with_a_clear_reason(tmp_path, config, contex
     (EngineConfig(max_num_seqs=64), CUDA),  # vLLM's default batch is large enough
     (EngineConfig(max_model_len=512), SpaceContext("cuda", 1024, "clip", 4096)),
     (EngineConfig(max_model_len=512), SpaceContext("cpu", 1024, "scale", 4096)),
-    (EngineConfig(dtype="float16", kv_cache_dtype="fp8_e4m3"), CUDA),
+    (EngineConfig(dtype="float16", kv_cache_dtype="fp8_e4m3", quantization="fp8"), replace(CUDA, fp8_refused=None)),
     (EngineConfig(dtype="bfloat16", kv_cache_dtype="bfloat16"), CPU),
     (EngineConfig(enable_chunked_prefill=True, max_num_batched_tokens=256, max_model_len=2048), CPU),
     (EngineConfig(enable_chunked_prefill=False, max_num_batched_tokens=2048, max_model_len=2048), CPU),
@@ -402,7 +408,7 @@ CONSTRAINED = VALID_PARAM + """constraints:
   - require: kv_cache_dtype != 'fp8'
     when: dtype == "float32"
 """
-CONTEXT = SpaceContext("cuda", longest_request_tokens=10, fit=None, model_max_len=32768)
+CONTEXT = SpaceContext("cuda", longest_request_tokens=10, fit=None, model_max_len=32768, fp8_refused=None)
 
 
 @pytest.mark.parametrize("config, expected", [

@@ -172,6 +172,8 @@ def print_recommendation(rec: RecommendationAnswer) -> None:
     m, score = rec.measurement, Score.from_dict(rec.score.to_dict())
     out.print(f"Recommended for the {rec.boundary_text} boundary (trial {rec.trial}):")
     out.print(f"  {rec.serve_command}", highlight=False, soft_wrap=True)
+    if rec.numerics:
+        out.print(Text(rec.numerics, style="bold"), highlight=False, soft_wrap=True)
     out.print(f"measured on {rec.measured_on}, vLLM {rec.vllm_version}, trace {Path(rec.trace.path).name} "
               f"(sha256 {rec.trace.sha256[:12]}, {m.requests} requests)")
     out.print(f"completed {m.completed}/{m.requests} at {score.completed_rps:.3f} req/s, "
@@ -189,6 +191,14 @@ def print_recommendation(rec: RecommendationAnswer) -> None:
                       f"{capacity_sentence(base, traffic)}", highlight=False, soft_wrap=True)
     out.print(gain_sentence(rec.baseline, rec.validation.sentence if rec.validation else None, rec.trial),
               highlight=False, soft_wrap=True)
+    own = rec.own_precision
+    if own is not None:
+        own_score = Score.from_dict(own.score.to_dict()) if own.score.to_dict() else None
+        carried = (f", it {capacity_sentence(own_score, m.offered_rps)}"
+                   if own_score is not None and own_score.capacity is not None else "")
+        out.print(f"at the model's own precision the best is trial {own.trial}{carried}; {own.gain}:",
+                  highlight=False, soft_wrap=True)
+        out.print(f"  {own.serve_command}", highlight=False, soft_wrap=True)
 
 
 def print_report_lines(view: ReportAnswer) -> None:

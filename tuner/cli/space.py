@@ -24,6 +24,10 @@ def space_suggest(
              "or its RAM for the CPU build.")] = None,
     format: FormatOption = None, window: WindowOption = None, rate_scale: RateOption = None,
     max_requests: CapOption = None, fit: FitOption = None, spread: SpreadOption = False,
+    allow_fp8: Annotated[bool, typer.Option("--allow-fp8", help="Search FP8 weights and KV cache too (they change "
+                                                                "the model's numerics); with --gpu-memory, the GPU "
+                                                                "is taken to run FP8 (compute capability 8.9 or "
+                                                                "later).")] = False,
     out_file: Annotated[Optional[Path], typer.Option("--out", help="Write the space's YAML here.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON: the ranges and the space's text.")] = False,
 ) -> None:
@@ -38,11 +42,14 @@ def space_suggest(
 
     if gpu_memory is not None and gpu_memory <= 0:
         raise TunerError(f"--gpu-memory must be above 0 GiB, got {gpu_memory:g}")
+    if gpu_memory is None and allow_fp8 and (unsupported := detect_hardware().fp8_unsupported()):
+        raise TunerError(f"--allow-fp8: {unsupported}")
     device = DeviceMemory.of("cuda", gpu_memory) if gpu_memory is not None else DeviceMemory.of_machine(
         detect_hardware())
     selection = trace_selection(window, max_requests, rate_scale, fit, spread)
     loaded = load_trace(trace or bundled_trace(), selection, format=format)
-    derived = derive_space(read_model_memory(model or default_model()), device, loaded, selection.fit)
+    derived = derive_space(read_model_memory(model or default_model()), device, loaded, selection.fit,
+                           fp8=allow_fp8)
     if out_file is not None:
         out_file.write_text(derived.space.text)
     if as_json:

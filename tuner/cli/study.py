@@ -57,6 +57,10 @@ def study_create(
     probe_seconds: Annotated[Optional[float], typer.Option(help="Each probe's arrivals last at least this many "
                                                                 "seconds: default 20, 10 for the bundled demo "
                                                                 "trace.")] = None,
+    allow_fp8: Annotated[bool, typer.Option("--allow-fp8", help="Search FP8 weights and FP8 KV cache too (GPUs of "
+                                                                "compute capability 8.9 or later): more capacity, "
+                                                                "but outputs differ from the model's own precision; "
+                                                                "check your own quality evaluations.")] = False,
     storage: StorageOption = None, artifacts: ArtifactsOption = None, as_json: JsonOption = False,
     server: ServerOption = None, token_file: TokenFileOption = None,
 ) -> None:
@@ -75,7 +79,7 @@ def study_create(
                                max_requests=max_requests, fit=fit, spread=spread, sampler=sampler, seed=seed,
                                request_timeout_s=request_timeout, startup_timeout_s=startup_timeout, load=load,
                                precision=precision, probe_budget=probe_budget, load_range=load_range,
-                               probe_requests=probe_requests, probe_seconds=probe_seconds)
+                               probe_requests=probe_requests, probe_seconds=probe_seconds, allow_fp8=allow_fp8)
     except ValidationError as exc:  # the request's own limits (a name of 1 to 200 characters): bad usage
         first = exc.errors()[0]
         raise TunerError(f"{'.'.join(map(str, first['loc']))}: {first['msg']}") from None

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from tuner.capacity import JudgedProbe
-from tuner.describe import boundary_line, capacity_line, hardware_line, recommendation_dict, trial_limit
+from tuner.describe import boundary_line, capacity_line, hardware_line, own_dtype, recommendation_dict, trial_limit
 from tuner.diagnosis import LimitingResource
 from tuner.report.data import ReportData
 from tuner.scoring import Capacity
@@ -315,9 +315,18 @@ def recommendation_lines(data: ReportData) -> list[str]:
     if default is not None and base is not None and base.capacity is not None:
         lines.append(f"vLLM's default configuration (trial {default.trial_number}) "
                      f"{capacity_sentence(base, m.offered_rps)}.")
+    numerics = rec.numerics_sentence(own_dtype(settings))
+    if numerics:
+        lines.insert(2, as_sentence(numerics))
     lines.append(rec.gain_sentence(report=True))
     if rec.validation is not None:
         lines.append(as_sentence(rec.validation.launches_text()))
+    own = rec.own_precision
+    if own is not None:
+        carried = (f": it {capacity_sentence(own.scored, m.offered_rps)}"
+                   if own.scored is not None and own.scored.capacity is not None else "")
+        lines.append(f"At the model's own precision the best is trial {own.trial_number} ({own.serve_command})"
+                     f"{carried}; {rec.own_precision_gain()}.")
     return lines
 
 

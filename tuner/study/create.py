@@ -17,6 +17,7 @@ from tuner.samplers import DEFAULT_SAMPLER, make_sampler
 from tuner.capacity import LoadPolicy, ProbeLength
 from tuner.scoring import DIRECTIONS, OBJECTIVE_NAMES, SEARCH_OBJECTIVE_NAMES, Boundary, boundary
 from tuner.search_spaces import SearchSpace, SpaceContext, load_space, parse_space
+from tuner.search_spaces.context import NOT_ALLOWED
 from tuner.search_spaces.derive import AUTO_SPACE, derive_space
 from tuner.storage import StudyModel, StudySettings
 from tuner.study.attrs import BASELINE_ATTR
@@ -71,14 +72,18 @@ def study_context(settings: StudySettings) -> StudyContext:
     # were stored reads them from the folder.
     memory = settings.model_info.memory or read_model_memory(settings.model)
     return StudyContext(settings, space, boundary(settings.boundary, settings.limits), selection, trace,
-                        machine_space_context(inspect_model(settings.model), memory, trace, selection.fit))
+                        machine_space_context(inspect_model(settings.model), memory, trace, selection.fit,
+                                              settings.allow_fp8))
 
 
-def machine_space_context(info: ModelInfo, memory: ModelMemory, trace: Trace, fit: str | None) -> SpaceContext:
-    """What a proposal is judged against on this machine, its estimated KV cache included."""
+def machine_space_context(info: ModelInfo, memory: ModelMemory, trace: Trace, fit: str | None,
+                          allow_fp8: bool = False) -> SpaceContext:
+    """What a proposal is judged against on this machine, its estimated KV cache included, and whether it may
+    change the model's numerics (FP8: where the study allows it and this machine runs it)."""
     hardware = detect_hardware()
     platform = "cuda" if hardware.accelerator == "cuda" else "cpu"
-    return SpaceContext.for_run(platform, info, trace, fit, memory, DeviceMemory.of_machine(hardware))
+    refused = hardware.fp8_unsupported() if allow_fp8 else NOT_ALLOWED
+    return SpaceContext.for_run(platform, info, trace, fit, memory, DeviceMemory.of_machine(hardware), refused)
 
 
 @dataclass(frozen=True)
@@ -92,7 +97,8 @@ class CreatedStudy:
 def create_study(name: str, *, model: str | Path, trace_path: str | Path, selection: TraceSelection,
                  space: str | Path, boundary_name: str, limits: dict, plan: StoragePlan, sampler: str = DEFAULT_SAMPLER,
                  seed: int | None = None, request_timeout_s: float = 600.0,
-                 startup_timeout_s: float = 600.0, load: LoadPolicy | None = None) -> CreatedStudy:
+                 startup_timeout_s: float = 600.0, load: LoadPolicy | None = None,
+                 allow_fp8: bool = False) -> CreatedStudy:
     """Check everything a run will need, then store the study and enqueue its baseline."""
     if not name or len(name) > 200:
         raise TunerError("a study name must be 1 to 200 characters")
@@ -104,9 +110,15 @@ def create_study(name: str, *, model: str | Path, trace_path: str | Path, select
     load.refuse_undecidable(bound, len(trace.requests), trace.span_s)
     probe_length = ProbeLength.of(trace, load, bound)
     memory = read_model_memory(model)
-    space_context = machine_space_context(info, memory, trace, selection.fit)
-    loaded_space = (derive_space(memory, space_context.device, trace, selection.fit).space
+    # FP8 changes the model's numerics: searched only by its creator's choice, and only where the machine runs it.
+    if allow_fp8 and (unsupported := detect_hardware().fp8_unsupported()):
+        raise TunerError(f"--allow-fp8: {unsupported}")
+    space_context = machine_space_context(info, memory, trace, selection.fit, allow_fp8)
+    loaded_space = (derive_space(memory, space_context.device, trace, selection.fit, fp8=allow_fp8).space
                     if str(space) == AUTO_SPACE else load_space(space))
+    if not allow_fp8 and (numerics := loaded_space.numerics_settings()):
+        raise TunerError(f"space {loaded_space.name} searches FP8 ({', '.join(numerics)}), which changes the "
+                         f"model's numerics: create the study with --allow-fp8 to search it")
     refused = loaded_space.violations(loaded_space.baseline(), space_context)
     if refused:
         raise TunerError(f"the space's baseline (its fixed values) would be refused: {'; '.join(refused)}")
@@ -122,7 +134,7 @@ def create_study(name: str, *, model: str | Path, trace_path: str | Path, select
         trace_path=str(Path(trace_path).resolve()), trace_sha256=trace.sha256, trace_selection=selection,
         boundary=bound.name, limits=limits, space_name=loaded_space.name, space_text=loaded_space.text,
         sampler=sampler, seed=seed, request_timeout_s=request_timeout_s, startup_timeout_s=startup_timeout_s,
-        load=load)
+        load=load, allow_fp8=allow_fp8)
     repo.save_study(settings)
     repo.save_trace(trace, trace_stats(trace))
     study = optuna.create_study(study_name=name, storage=storage, directions=list(DIRECTIONS))

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 
     from tuner.scoring import Boundary, Score
     from tuner.storage import Repository, StoredTrial, StudySettings
+    from tuner.workers.engine_config import EngineConfig
 
 
 # Completed throughput within this share of the best counts as a tie, settled by the lower p95: in an open
@@ -69,6 +70,24 @@ class Recommendation:
     baseline: StoredTrial | None  # vLLM's default configuration, as run first
     validation: Validation | None = None
     others_carry: bool = False  # another search trial carried your traffic (the default stayed after validation)
+    # Where the recommendation changes the model's numerics (FP8): the best configuration at its own precision,
+    # shown beside it (validated too where the validation launched it). None otherwise, or where none was found.
+    own_precision: StoredTrial | None = None
+
+    def numerics_sentence(self, dtype: str) -> str | None:
+        """What the recommendation changes of the model's numerics, in one sentence; None where it changes
+        nothing: `weights and KV cache in FP8: outputs differ from bfloat16; check your own quality evaluations`."""
+        what = self.trial.engine_config.numerics_text()
+        return f"{what}: outputs differ from {dtype}; check your own quality evaluations" if what else None
+
+    def own_precision_gain(self) -> str:
+        """The validated gain of `own_precision` over vLLM's default (`GainInterval.text`), or why there is none."""
+        own, validation = self.own_precision, self.validation
+        arm = validation.arm_of(own.trial_number) if own is not None and validation is not None else None
+        if arm is None:
+            return "not validated"
+        gain = validation.gain_of(arm)
+        return f"against vLLM's default: {gain.text()}" if gain is not None else arm.nothing_carried()
 
     @property
     def default_run(self) -> DefaultRun | None:
@@ -173,6 +192,25 @@ def candidates(trials: list[StoredTrial]) -> list[StoredTrial]:
             and t.scored.capacity is not None and t.scored.capacity.rps is not None]
 
 
+def finalists(trials: list[StoredTrial], top: int, default: EngineConfig, baselines: set[int]) -> list[int]:
+    """The trial numbers a validation launches against vLLM's default (`default`, its trials `baselines`): the
+    `top` candidate search trials (`candidates`) by capacity (at a fixed load, completed throughput), one per
+    configuration, none of them the default. Where all of those change the model's numerics (FP8), the best at the
+    model's own precision too, so that the answer states both gains."""
+    seen: list[EngineConfig] = [default]
+    chosen: list[StoredTrial] = []
+    ranked = sorted((t for t in candidates(trials) if t.trial_number not in baselines),
+                    key=lambda t: -t.scored.objectives[0])
+    for t in ranked:
+        if t.engine_config not in seen and len(chosen) < top:
+            seen.append(t.engine_config)
+            chosen.append(t)
+    if chosen and all(t.engine_config.changes_numerics for t in chosen):
+        own = next((t for t in ranked if not t.engine_config.changes_numerics and t.engine_config not in seen), None)
+        chosen += [own] if own is not None else []
+    return [t.trial_number for t in chosen]
+
+
 def carried_by_others(trials: list[StoredTrial], number: int) -> bool:
     """Whether a search trial other than trial `number` carried your traffic within the boundary."""
     return any(t.feasible for t in trials if t.validation is None and t.trial_number != number)
@@ -205,7 +243,9 @@ def recommend(repo: Repository, settings: StudySettings, optuna_study: optuna.St
         winner = validation.winner
         by_number = {t.trial_number: t for t in trials}
         if winner.arm.of_trial is not None:
-            return Recommendation(by_number[winner.arm.of_trial], bound, baseline, validation)
+            chosen = by_number[winner.arm.of_trial]
+            return Recommendation(chosen, bound, baseline, validation,
+                                  own_precision=own_precision_best(trials, chosen, validation))
         # vLLM's default stays: as the search ran it, or else its first validation launch that was scored.
         kept = baseline if baseline is not None and baseline.scored is not None else next(
             (by_number[n] for n in winner.trials if by_number[n].scored is not None), None)
@@ -219,7 +259,18 @@ def recommend(repo: Repository, settings: StudySettings, optuna_study: optuna.St
     top = max(t.scored.objectives[0] for t in found)
     contenders = [t for t in found if t.scored.objectives[0] >= top * (1 - tie)]
     best = min(contenders, key=lambda t: (t.scored.e2e_p95_s, -t.scored.objectives[0]))
-    return Recommendation(best, bound, baseline)
+    return Recommendation(best, bound, baseline, own_precision=own_precision_best(trials, best, None))
+
+
+def own_precision_best(trials: list[StoredTrial], chosen: StoredTrial, validation: Validation | None
+                       ) -> StoredTrial | None:
+    """Where `chosen` changes the model's numerics, the best candidate at the model's own precision: the one the
+    validation launched beside it, else the search's best by capacity. None where `chosen` changes nothing."""
+    if not chosen.engine_config.changes_numerics:
+        return None
+    own = [t for t in candidates(trials) if not t.engine_config.changes_numerics]
+    validated = [t for t in own if validation is not None and validation.arm_of(t.trial_number) is not None]
+    return max(validated or own, key=lambda t: t.scored.objectives[0], default=None)
 
 
 def best_trials(repo: Repository, settings: StudySettings, optuna_study: optuna.Study) -> list[StoredTrial]:

@@ -39,7 +39,7 @@ from tuner.study.create import study_context
 from tuner.study.events import (NO_TIME_LEFT, WINDOW_END, PoolReady, RunEvent, RunReport, TrialDone, TrialStarted,
                                 TrialSummary, WorkerDone)
 from tuner.study.plan import StoragePlan
-from tuner.study.recommendation import candidates, validation_terms
+from tuner.study.recommendation import candidates, finalists, validation_terms
 from tuner.traces.records import Trace
 from tuner.traces.selection import fit_trace
 from tuner.validation import Arm, Validation, interleaved, unstarted, validations
@@ -314,19 +314,8 @@ class StudyRunner:
         return {t.number for t in self.study.get_trials(deepcopy=False) if t.user_attrs.get(BASELINE_ATTR)}
 
     def _finalists(self, trials: list[StoredTrial], top: int) -> list[int]:
-        """The trial numbers of the `top` candidate search trials (`candidates`: feasible, or when none is, those
-        that carried some load) by capacity (at a fixed load, completed throughput), one per configuration, none
-        of them vLLM's default."""
-        default = self.ctx.space.baseline()
-        baselines = self._baselines()
-        seen: list[EngineConfig] = [default]
-        finalists = []
-        for t in sorted((t for t in candidates(trials) if t.trial_number not in baselines),
-                        key=lambda t: -t.scored.objectives[0]):
-            if t.engine_config not in seen and len(finalists) < top:
-                seen.append(t.engine_config)
-                finalists.append(t.trial_number)
-        return finalists
+        """`finalists` of the study's trials: none of them vLLM's default."""
+        return finalists(trials, top, self.ctx.space.baseline(), self._baselines())
 
     def _stop_in_flight(self, pool: WorkerPool, in_flight: dict[ray.ObjectRef, _InFlight], reason: str,
                         report: RunReport) -> None:
