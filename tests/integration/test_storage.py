@@ -111,6 +111,33 @@ def test_migration_matches_the_schema(url):
     assert_migrated_to_the_schema(url)
 
 
+@pytest.mark.parametrize("earlier", ["0001", "0003", "0005", "0006"])
+def test_an_upgrade_from_an_earlier_revision_keeps_every_study_and_trial(url, earlier):
+    # 0007's first form rebuilt tuner_studies (Alembic's batch mode on SQLite) and the drop of the old table deleted
+    # every trial through ON DELETE CASCADE: found on a run whose database was upgraded under it.
+    command.upgrade(alembic_config(url), earlier)
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        studies, trials = (sa.Table(name, sa.MetaData(), autoload_with=conn) for name in ("tuner_studies",
+                                                                                           "tuner_trials"))
+        # Every column a row must have, filled with a value of its kind; the rest left to their defaults.
+        def row(table: sa.Table, given: dict) -> dict:
+            kinds = {sa.Integer: 1, sa.Float: 1.0, sa.JSON: {}, sa.Boolean: False}
+            return {**{c.name: next((v for k, v in kinds.items() if isinstance(c.type, k)), "x")
+                       for c in table.columns if not c.nullable and c.server_default is None and not c.primary_key},
+                    **given}
+        study_id = conn.execute(studies.insert().values(row(studies, {"name": "kept"}))).inserted_primary_key[0]
+        for number in range(3):
+            conn.execute(trials.insert().values(row(trials, {"study_id": study_id, "trial_number": number})))
+    engine.dispose()
+    repo = Repository(url)
+    repo.migrate()
+    assert revision(repo, VERSION_TABLE) == [LATEST]
+    assert (row_count(repo, "tuner_studies"), row_count(repo, "tuner_trials")) == (1, 3)
+    with repo.engine.connect() as conn:  # a study stored before allowed no FP8
+        assert conn.execute(sa.text("SELECT allow_fp8 FROM tuner_studies")).scalars().all() == [False]
+
+
 def test_a_schedule_runs_table_made_by_hand_before_0002_is_kept_by_the_upgrade(url):
     # The database as the code before revision 0002 left it: tuner's tables at 0001, and tuner_schedule_runs
     # made by hand (as tuner.schedules made it: no naming convention), with a run in it.

@@ -21,8 +21,9 @@ depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
-    with op.batch_alter_table("tuner_studies") as batch:
-        batch.add_column(sa.Column("allow_fp8", sa.Boolean(), nullable=False, server_default=sa.false()))
+    # A plain ADD COLUMN, which SQLite runs in place: batch mode would copy tuner_studies to a new table and drop the
+    # old one, and with foreign keys on, that drop deletes every trial of every study (ON DELETE CASCADE).
+    op.add_column("tuner_studies", sa.Column("allow_fp8", sa.Boolean(), nullable=False, server_default=sa.false()))
 
 
 def downgrade() -> None:
