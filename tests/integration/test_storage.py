@@ -129,13 +129,17 @@ def test_an_upgrade_from_an_earlier_revision_keeps_every_study_and_trial(url, ea
         study_id = conn.execute(studies.insert().values(row(studies, {"name": "kept"}))).inserted_primary_key[0]
         for number in range(3):
             conn.execute(trials.insert().values(row(trials, {"study_id": study_id, "trial_number": number})))
+        # A derived space on a GPU offered an fp8 KV cache before FP8 was opt-in: that study goes on searching it.
+        offered = "parameters:\n  kv_cache_dtype: {type: categorical, choices: [auto, fp8]}\n"
+        conn.execute(studies.insert().values(row(studies, {"name": "fp8", "space_text": offered})))
     engine.dispose()
     repo = Repository(url)
     repo.migrate()
     assert revision(repo, VERSION_TABLE) == [LATEST]
-    assert (row_count(repo, "tuner_studies"), row_count(repo, "tuner_trials")) == (1, 3)
-    with repo.engine.connect() as conn:  # a study stored before allowed no FP8
-        assert conn.execute(sa.text("SELECT allow_fp8 FROM tuner_studies")).scalars().all() == [False]
+    assert (row_count(repo, "tuner_studies"), row_count(repo, "tuner_trials")) == (2, 3)
+    with repo.engine.connect() as conn:  # a study stored before allows FP8 only where its space searched it
+        allowed = conn.execute(sa.text("SELECT name, allow_fp8 FROM tuner_studies ORDER BY name")).all()
+    assert [tuple(r) for r in allowed] == [("fp8", True), ("kept", False)]
 
 
 def test_a_schedule_runs_table_made_by_hand_before_0002_is_kept_by_the_upgrade(url):

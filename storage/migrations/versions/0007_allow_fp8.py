@@ -1,6 +1,7 @@
 """A study keeps whether its creator allowed FP8 weights and KV cache (`tuner study create --allow-fp8`): they
-change the model's numerics, so a study searches them only when allowed. Studies stored before did not allow them
-(an fp8 KV cache their space offered was searched then; their stored trials keep it).
+change the model's numerics, so a study searches them only when allowed. A study stored before whose space offered
+an fp8 KV cache (a derived space on a GPU did) searched it: it is marked as allowing FP8, so that it goes on as it
+began; every other study does not.
 
 Revision ID: 0007
 Revises: 0006
@@ -24,6 +25,8 @@ def upgrade() -> None:
     # A plain ADD COLUMN, which SQLite runs in place: batch mode would copy tuner_studies to a new table and drop the
     # old one, and with foreign keys on, that drop deletes every trial of every study (ON DELETE CASCADE).
     op.add_column("tuner_studies", sa.Column("allow_fp8", sa.Boolean(), nullable=False, server_default=sa.false()))
+    studies = sa.table("tuner_studies", sa.column("allow_fp8", sa.Boolean()), sa.column("space_text", sa.Text()))
+    op.execute(studies.update().where(studies.c.space_text.like("%fp8%")).values(allow_fp8=True))
 
 
 def downgrade() -> None:
