@@ -38,9 +38,10 @@ def cpu_engine_threads(cores: int) -> int:
     return max(1, cores // 2)
 
 
-def cpu_engine_env(environ: Mapping[str, str]) -> dict[str, str]:
+def cpu_engine_env(environ: Mapping[str, str], cores: int | None = None) -> dict[str, str]:
     """What a CPU engine's environment adds to `environ` (the one it would otherwise start with): nothing on a GPU
-    machine, nor where any of vLLM's thread variables is already set."""
+    machine, nor where any of vLLM's thread variables is already set. `cores`: how many it may use (a CPU slot's
+    share); default: all this process may use."""
     if detect_hardware().accelerator != "cpu" or any(var in environ for var in THREAD_VARS):
         return {}
-    return {IN_PROCESS_VAR: "0", THREADS_VAR: str(cpu_engine_threads(usable_cores()))}
+    return {IN_PROCESS_VAR: "0", THREADS_VAR: str(cpu_engine_threads(cores or usable_cores()))}

@@ -27,6 +27,7 @@ from ray.exceptions import RayActorError, RayError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from tuner.errors import TunerError
+from tuner.workers.cpu_engine import cpu_engine_env, usable_cores
 from tuner.workers.probe_log import PROBE_LOG
 from tuner.workers.trial import ARTIFACTS, TrialOutcome, TrialSpec, run_trial
 
@@ -79,13 +80,11 @@ def _take_leftovers(out_dir: Path) -> dict[str, bytes]:
     return _take_files(_staging_dir(out_dir))
 
 
-def _cpu_binding(share: tuple[int, int]) -> dict[str, str]:
-    """Pin each CPU slot's engine to its own cores, so that two engines on one machine do not fight for one."""
-    k, n = share
-    cores = sorted(os.sched_getaffinity(0))
-    per = max(1, len(cores) // n)
-    mine = cores[k * per:(k + 1) * per] or cores[-1:]
-    return {"VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, mine)), "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
+def _cpu_share_env(share: tuple[int, int]) -> dict[str, str]:
+    """A CPU slot's engine on its share of the cores (`cpu_engine_env`), unbound: pinned to cores of their own, two
+    engines' front ends and replay clients fought both workers for a core (BENCHMARKS.md, "CPU engine threads")."""
+    _, n = share
+    return cpu_engine_env(os.environ, cores=max(1, usable_cores() // n))
 
 
 class TrialWorker:
@@ -94,7 +93,7 @@ class TrialWorker:
 
     def __init__(self, slot: Slot, driver_node: str):
         self.slot = slot
-        self.env = _cpu_binding(slot.cpu_share) if slot.cpu_share and slot.cpu_share[1] > 1 else {}
+        self.env = _cpu_share_env(slot.cpu_share) if slot.cpu_share and slot.cpu_share[1] > 1 else {}
         self.on_driver_node = self.node_id() == driver_node
 
     def node_id(self) -> str:
@@ -102,8 +101,8 @@ class TrialWorker:
         return ray.get_runtime_context().get_node_id()
 
     def run(self, spec: TrialSpec) -> WorkerResult:
-        """Run `spec` on this slot (with its CPU binding) and return the outcome; off the driver's node the trial is
-        written in staging and its files come back in the result. run_trial's errors propagate."""
+        """Run `spec` on this slot (on its share of the CPU) and return the outcome; off the driver's node the trial
+        is written in staging and its files come back in the result. run_trial's errors propagate."""
         out_dir = spec.out_dir if self.on_driver_node else _staging_dir(spec.out_dir)
         try:
             outcome = run_trial(replace(spec, out_dir=out_dir, env={**spec.env, **self.env}))

@@ -22,3 +22,13 @@ def test_a_cpu_engine_runs_its_worker_in_process_on_half_the_usable_cores():
 @pytest.mark.parametrize("var", THREAD_VARS)
 def test_a_thread_variable_the_user_set_leaves_the_engine_to_vllm(var):
     assert cpu_engine_env({var: "1"}) == {}
+
+
+def test_a_cpu_slot_runs_its_engine_in_process_on_half_its_share_unbound():
+    from tuner.workers.pool import _cpu_share_env
+
+    assert cpu_engine_env({}, cores=8) == {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "4"}
+    share = max(1, usable_cores() // 2)
+    assert _cpu_share_env((1, 2)) == {"VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+                                      "OMP_NUM_THREADS": str(cpu_engine_threads(share))}
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in _cpu_share_env((0, 2))  # no pin: the kernel places the threads
