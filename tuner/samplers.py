@@ -34,6 +34,7 @@ _BUILDERS: dict[str, Callable[[int | None], BaseSampler]] = {
     "nsga2": lambda seed: optuna.samplers.NSGAIISampler(seed=seed, population_size=8),
 }
 SAMPLERS = tuple(_BUILDERS)
+SEED_MAX = 2**32 - 1 - 10**6
 DEFAULT_SAMPLER = "bottleneck"
 
 
@@ -78,8 +79,11 @@ class SeededPerTrial(BaseSampler):
 
 def make_sampler(name: str, seed: int | None) -> BaseSampler:
     """The Optuna sampler named `name` (one of SAMPLERS); with a seed it is rebuilt for each trial from `seed + trial
-    number`, so that a study's proposals repeat. TunerError for an unknown name."""
+    number`, so that a study's proposals repeat. TunerError for an unknown name, and for a seed numpy refuses (its
+    seeds are 0 to 2**32 - 1; trial numbers are added to it, so a seed leaves room for a million trials)."""
     if name not in _BUILDERS:
         raise TunerError(f"unknown sampler {name!r}; one of: {', '.join(SAMPLERS)}")
+    if seed is not None and not 0 <= seed <= SEED_MAX:
+        raise TunerError(f"seed must be between 0 and {SEED_MAX}, got {seed}")
     build = _BUILDERS[name]
     return build(None) if seed is None else SeededPerTrial(build, seed)

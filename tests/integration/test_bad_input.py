@@ -387,6 +387,7 @@ BAD_COMMANDS = [
      "with --allow-fp8 to search it"),
     ("create-sampler", [*OTHER, "--sampler", "anneal"], "unknown sampler 'anneal'"),
     ("create-seed-text", [*OTHER, "--seed", "x"], "Invalid value for '--seed'"),
+    ("create-seed-negative", [*OTHER, "--seed", "-491397"], "seed must be between 0 and"),  # schemathesis found it
     ("create-trace-missing", [*OTHER, "--trace", "{root}/absent.csv"], "cannot read the file"),
     ("create-trace-broken", [*OTHER, "--trace", "{broken_trace}"], "broken.csv:3: 1 fields"),
     ("create-model-missing", [*OTHER, "--model", "{root}/absent"], "not a model folder"),

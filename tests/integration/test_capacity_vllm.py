@@ -66,7 +66,9 @@ def test_a_whole_probe_ladder_runs_on_one_launch(searched):
         assert len(probes) >= 3
         assert [p["index"] for p in probes] == list(range(len(probes)))
         assert len({p["seed"] for p in probes}) == len(probes), "every probe has fresh prompts"
-        assert {p["verdict"] for p in probes} == {"pass", "fail"}
+        # Passed below, did not pass above: failed, or (on a crowded machine) too close to tell, the bracket's edge.
+        verdicts = {p["verdict"] for p in probes}
+        assert "pass" in verdicts and verdicts - {"pass"} and verdicts <= {"pass", "fail", "inconclusive"}, verdicts
         # One startup for the whole ladder: one launch recorded, one server started in its log.
         assert run["timings"]["startup_s"] > 0
         log = (run["out"] / "server.log").read_text(errors="replace")
