@@ -6,7 +6,8 @@ the busy core, and OpenMP threads that share busy cores wait on each other at ev
 two threads each on two cores decoded twelve times slower (BENCHMARKS.md, "CPU engine threads"). So a CPU engine
 runs its worker inside the engine core, as a one-GPU engine does (one process fewer to start), on half the cores
 this process may use, at least one: in that mode vLLM binds no thread, so the kernel moves them off a busy core.
-These are vLLM's own variables; a user who sets any of them (or the binding) keeps vLLM's behaviour for all.
+A user who chooses vLLM's own layout (VLLM_ENABLE_V1_MULTIPROCESSING or VLLM_CPU_OMP_THREADS_BIND set) keeps it
+whole. OMP_NUM_THREADS set alone is no such choice: Ray sets it in every worker, where studies launch engines.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from tuner.hardware import detect_hardware
 IN_PROCESS_VAR = "VLLM_ENABLE_V1_MULTIPROCESSING"
 BIND_VAR = "VLLM_CPU_OMP_THREADS_BIND"
 THREADS_VAR = "OMP_NUM_THREADS"
-THREAD_VARS = (IN_PROCESS_VAR, BIND_VAR, THREADS_VAR)
+LAYOUT_VARS = (IN_PROCESS_VAR, BIND_VAR)  # either set: the user chose vLLM's own layout
 
 
 def usable_cores() -> int:
@@ -40,8 +41,8 @@ def cpu_engine_threads(cores: int) -> int:
 
 def cpu_engine_env(environ: Mapping[str, str], cores: int | None = None) -> dict[str, str]:
     """What a CPU engine's environment adds to `environ` (the one it would otherwise start with): nothing on a GPU
-    machine, nor where any of vLLM's thread variables is already set. `cores`: how many it may use (a CPU slot's
+    machine, nor where the user chose vLLM's own layout (LAYOUT_VARS). `cores`: how many it may use (a CPU slot's
     share); default: all this process may use."""
-    if detect_hardware().accelerator != "cpu" or any(var in environ for var in THREAD_VARS):
+    if detect_hardware().accelerator != "cpu" or any(var in environ for var in LAYOUT_VARS):
         return {}
     return {IN_PROCESS_VAR: "0", THREADS_VAR: str(cpu_engine_threads(cores or usable_cores()))}

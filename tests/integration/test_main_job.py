@@ -59,6 +59,10 @@ def assert_recommends(command: str, tmp_path) -> tuple[str, dict]:
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert re.search(r"^\s+vllm serve \S+", result.stdout, re.MULTILINE), result.stdout[-3000:]
     assert "carries" in result.stdout  # the capacity, within the boundary
+    # Every engine, launched in Ray's workers, ran as tuner launches a CPU engine: its worker inside the engine
+    # core, where vLLM binds no OpenMP thread (it logs its binding only when it starts a worker process).
+    logs = list((tmp_path / "home").rglob("server.log"))
+    assert logs and not [p for p in logs if "OpenMP thread binding" in p.read_text(errors="replace")], logs
     best = json.loads(subprocess.run([sys.executable, "-m", "tuner", "study", "best", "demo", "--json"], env=env,
                                      capture_output=True, text=True, check=True).stdout)
     status = json.loads(subprocess.run([sys.executable, "-m", "tuner", "study", "status", "demo", "--json"],

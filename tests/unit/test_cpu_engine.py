@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tuner.hardware import detect_hardware
-from tuner.workers.cpu_engine import THREAD_VARS, cpu_engine_env, cpu_engine_threads, usable_cores
+from tuner.workers.cpu_engine import LAYOUT_VARS, cpu_engine_env, cpu_engine_threads, usable_cores
 
 
 def test_half_the_cores_at_least_one():
@@ -19,9 +19,15 @@ def test_a_cpu_engine_runs_its_worker_in_process_on_half_the_usable_cores():
                                                     "OMP_NUM_THREADS": str(max(1, usable_cores() // 2))}
 
 
-@pytest.mark.parametrize("var", THREAD_VARS)
-def test_a_thread_variable_the_user_set_leaves_the_engine_to_vllm(var):
+@pytest.mark.parametrize("var", LAYOUT_VARS)
+def test_vllms_own_layout_chosen_by_the_user_is_left_whole(var):
     assert cpu_engine_env({var: "1"}) == {}
+
+
+def test_an_openmp_count_alone_is_no_choice_of_layout_ray_sets_one_in_every_worker():
+    # Studies launch their engines inside Ray's workers, whose environment Ray gives OMP_NUM_THREADS (the first form
+    # took it for the user's choice, and every study's engine ran as vLLM starts itself).
+    assert cpu_engine_env({"OMP_NUM_THREADS": "1"}) == cpu_engine_env({})
 
 
 def test_a_cpu_slot_runs_its_engine_in_process_on_half_its_share_unbound():
