@@ -618,7 +618,7 @@ def test_trial_table_names_the_metrics_vllm_did_not_report(unreported, shown):
     assert [line.split("not reported by vLLM", 1)[1].strip(" │") for line in lines] == ([shown] if shown else [])
 
 
-def test_a_recommendation_in_fp8_says_so_and_shows_the_best_at_the_models_own_precision():
+def test_a_recommendation_in_fp8_says_so_and_shows_the_best_at_the_models_own_precision(capsys):
     from tuner.describe import recommendation_dict
     from tuner.studies import RecommendationAnswer
     from tuner.study.recommendation import own_precision_best
@@ -653,6 +653,15 @@ def test_a_recommendation_in_fp8_says_so_and_shows_the_best_at_the_models_own_pr
     assert answer.own_precision.gain.startswith("against vLLM's default: x") and "95% CI" in answer.own_precision.gain
     plain = RecommendationAnswer.model_validate(recommendation_dict(report_data().recommendation, data.settings))
     assert not plain.changes_numerics and plain.numerics is None and plain.own_precision is None
+    # `tuner study best` prints the same from the answer.
+    from tuner.cli.present import print_recommendation
+
+    capsys.readouterr()
+    print_recommendation(answer)
+    printed = " ".join(capsys.readouterr().out.split())
+    assert "weights and KV cache in FP8: outputs differ from the model's own precision" in printed, printed
+    assert "at the model's own precision the best is trial 6; against vLLM's default: x" in printed, printed
+    assert " ".join(own.serve_command.split()) in printed
 
 
 def test_a_validation_of_fp8_finalists_launches_the_best_at_the_models_own_precision_too():

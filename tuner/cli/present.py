@@ -167,6 +167,7 @@ def print_recommendation(rec: RecommendationAnswer) -> None:
     """The recommended `vllm serve` command with its boundary, machine, vLLM, trace and measurement, then the
     gain sentence."""
     from tuner.scoring import Score
+    from tuner.studies import ScoreAnswer
 
     # The recommendation's records, as stored: the answer carries them in their stored shapes.
     m, score = rec.measurement, Score.from_dict(rec.score.to_dict())
@@ -193,7 +194,7 @@ def print_recommendation(rec: RecommendationAnswer) -> None:
               highlight=False, soft_wrap=True)
     own = rec.own_precision
     if own is not None:
-        own_score = Score.from_dict(own.score.to_dict()) if own.score.to_dict() else None
+        own_score = Score.from_dict(own.score.to_dict()) if isinstance(own.score, ScoreAnswer) else None
         carried = (f", it {capacity_sentence(own_score, m.offered_rps)}"
                    if own_score is not None and own_score.capacity is not None else "")
         out.print(f"at the model's own precision the best is trial {own.trial}{carried}; {own.gain}:",
