@@ -254,8 +254,7 @@ def usable_kv_bytes(model: ModelMemory, device: DeviceMemory, config: EngineConf
     gpus = config.tensor_parallel_size or 1
     reserved = CUDA_RESERVED_BYTES if device.platform == "cuda" else 0
     batched = config.max_num_batched_tokens or DEFAULT_BATCHED_TOKENS[device.platform]
-    fp8_kv = (config.kv_cache_dtype or "auto").startswith("fp8")
-    staging = FP8_KV_BATCH_COPIES * batched * model.kv_bytes_per_token(config.dtype) if fp8_kv else 0
+    staging = FP8_KV_BATCH_COPIES * batched * model.kv_bytes_per_token(config.dtype) if config.fp8_kv_cache else 0
     per_gpu = (utilization * (device.total_bytes - reserved) - CUDA_OVERHEAD_BYTES
                - (model.activation_bytes(batched, config.dtype) + staging) / gpus)
     return int(per_gpu * gpus - model.weight_bytes(config.dtype, config.quantization))

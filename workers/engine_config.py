@@ -72,16 +72,20 @@ class EngineConfig:
                              f"already keeps its own), got {self.quantization!r}")
 
     @property
+    def fp8_kv_cache(self) -> bool:
+        """Whether the KV cache is kept in FP8 (any of vLLM's fp8 kinds)."""
+        return (self.kv_cache_dtype or "auto").startswith("fp8")
+
+    @property
     def changes_numerics(self) -> bool:
         """Whether this configuration computes with other numbers than the checkpoint's own precision: weights
         quantized at load, or a KV cache in fp8. Outputs then differ from the checkpoint's."""
-        return self.quantization is not None or (self.kv_cache_dtype or "auto").startswith("fp8")
+        return self.numerics_text() is not None
 
     def numerics_text(self) -> str | None:
         """What changes numerics, in words ("weights and KV cache in FP8"); None when nothing does."""
         parts = [name for name, changed in (("weights", self.quantization is not None),
-                                            ("KV cache", (self.kv_cache_dtype or "auto").startswith("fp8")))
-                 if changed]
+                                            ("KV cache", self.fp8_kv_cache)) if changed]
         return f"{' and '.join(parts)} in FP8" if parts else None
 
     def to_dict(self) -> dict[str, Any]:
