@@ -24,7 +24,7 @@ import json
 import statistics
 import sys
 import tempfile
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import optuna
@@ -40,7 +40,7 @@ from tuner.study.recommendation import THROUGHPUT_TIE  # noqa: E402
 from tuner.traces.selection import TraceSelection, load_trace  # noqa: E402
 from tuner.workers.engine_config import EngineConfig  # noqa: E402
 from tuner.workers.measure import Measurement  # noqa: E402
-from tuner.workers.replay import InFlight, LiveReplay, Outcome, RequestRecord  # noqa: E402
+from tuner.workers.replay import LiveReplay, Outcome, RequestRecord  # noqa: E402
 from tuner.workers.trial import TrialSpec, run_trial  # noqa: E402
 
 TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "azure_conv_2023.csv"
@@ -136,16 +136,7 @@ def pruning_savings(grid: dict, bound) -> dict:
         total_trial_s += point["timings"]["startup_s"] + replay_s + point["timings"]["teardown_s"]
         t = 0.25
         while t < replay_s:
-            live = LiveReplay(origin=0.0, total=len(records), span_s=grid["trace_span_s"])
-            for r in records:
-                end = None if r.sent_s is None else r.sent_s + (r.e2e_s if r.e2e_s is not None else replay_s)
-                if end is not None and end <= t:
-                    live.finished.append(r)
-                elif r.sent_s is not None and r.sent_s <= t:
-                    first = r.sent_s + r.ttft_s if r.ttft_s is not None and r.sent_s + r.ttft_s <= t else None
-                    live.in_flight[r.index] = InFlight(sent=r.sent_s, first_token=first)
-            live.elapsed = lambda t=t: t
-            reason = watch(live)
+            reason = watch(replace(LiveReplay.as_of(records, t, replay_s), span_s=grid["trace_span_s"]))
             if reason:
                 saved_s += replay_s - t
                 stopped.append({"config": point["params"], "at_s": t, "replay_s": replay_s, "reason": reason})

@@ -84,6 +84,8 @@ def judge_probe(probe: Probe, records: Sequence[RequestRecord], bound: Boundary)
         return ProbeJudgement(Verdict.FAIL, ["the engine died during the probe"])
     if probe.stop_reason is not None:
         return ProbeJudgement(Verdict.FAIL, [f"stopped early: {probe.stop_reason}"])
+    if probe.cut_by_verdict is not None:  # tuner.pruning.VerdictWatch: a failure by the rules below, whatever followed
+        return ProbeJudgement(Verdict.FAIL, [f"cut by its verdict: {probe.cut_by_verdict}"])
     if m.e2e_s.p95 is None:
         return ProbeJudgement(Verdict.FAIL, ["no request finished"])
     verdicts: list[Verdict] = []

@@ -1,21 +1,24 @@
-"""Stop a trial as soon as its boundary is certainly violated, and never one that could still meet it.
+"""End a replay as soon as what it is run to decide is certain, and never one whose outcome could still change.
 
-"Certainly" is checked against every way the rest of the replay could go: requests not yet sent may all be
-fast, and a request already over a latency limit may still fail instead of finishing (then it counts against
-the completion ratio instead of the percentile).
+Two watches share one reckoning. `BoundaryWatch`, the prune, stops a trial whose boundary is certainly broken at its
+reference load. `VerdictWatch` cuts a load search's probe whose verdict (`tuner.capacity.judge_probe`) is certainly a
+failure, so that an overloaded probe does not wait for every request.
+
+"Certainly" is checked against every way the rest of the replay could go: requests not yet sent, or in flight and
+not yet over a latency limit, may all meet it, and a request already over a latency limit may still fail instead
+of finishing (then it counts against the completion ratio instead of the percentile).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from tuner.scoring import Boundary
-from tuner.workers.replay import LiveReplay, Outcome, prompt_thousands
-
-
-_FINISHED = (Outcome.OK, Outcome.TRUNCATED)
+from tuner.capacity import PERCENTILE, PERCENTILE_LIMITS, wilson_interval
+from tuner.scoring import Boundary, drain_violation, late_violation
+from tuner.workers.measure import Pace, early_requests
+from tuner.workers.replay import InFlight, LiveReplay, Outcome, RequestRecord, prompt_thousands
 
 
 def _needed_over(n: int, q: float = 0.95) -> int:
@@ -27,26 +30,99 @@ def _needed_over(n: int, q: float = 0.95) -> int:
     return n - math.floor((n - 1) * q) if n > 0 else 1
 
 
-def _quantile_certainly_over(over_final: int, over_pending: int, failed: int, total: int,
-                             failure_budget: int) -> bool:
-    """Over the limit whatever the pending-over requests do: each either finishes (adding to the values over
-    the limit) or fails (removing itself from the percentile, spending failure budget)."""
-    for k in range(0, min(over_pending, failure_budget) + 1):  # k of them fail
-        finished_at_most = total - failed - k
-        if over_final + over_pending - k < _needed_over(finished_at_most):
-            return False
-    return True
+def _quantile_over(over: int, counted: int) -> bool:
+    """Whether the p95 of `counted` values, `over` of them over a limit, is over it: the trial's score."""
+    return over >= _needed_over(counted)
 
 
-def _ttft_allowances(b: Boundary) -> list[tuple[str, Callable[[int], float]]]:
-    """The boundary's TTFT limits, each as its text and the seconds it allows a request of so many prompt tokens."""
-    allowances: list[tuple[str, Callable[[int], float]]] = []
-    if (flat := b.ttft_p95_s) is not None:
-        allowances.append((f"{flat:g} s", lambda _tokens: flat))
-    if (per_1k := b.ttft_per_1k_prompt_p95_s) is not None:
-        allowances.append((f"{per_1k:g} s per 1,000 prompt tokens",
-                           lambda tokens: per_1k * prompt_thousands(tokens)))
-    return allowances
+def _share_short(over: int, counted: int) -> bool:
+    """Whether `counted` values, `over` of them over a limit, fail it as a probe's verdict reads them: the upper end
+    of the 95% interval of the share within it under 0.95."""
+    return counted > 0 and wilson_interval(counted - over, counted)[1] < PERCENTILE
+
+
+def _waited(p: InFlight, age_s: float) -> float:
+    """A request in flight's time to its first token, or its time so far without one."""
+    return p.first_token - p.sent if p.first_token is not None else age_s
+
+
+@dataclass(frozen=True)
+class _Limit:
+    """A p95 limit of the boundary as a live replay is held to it."""
+
+    name: str  # the Boundary field; its figure per request is the one the verdict reads (PERCENTILE_LIMITS)
+    said: str  # what a request over it did, {} for the limit
+    # A request in flight's figure so far, given the seconds since it left: a floor of the figure it ends with. None
+    # where nothing is known of it before the request ends.
+    so_far: Callable[[InFlight, float], float] | None
+
+
+_LIMITS = (
+    _Limit("e2e_p95_s", "took over {} s end to end", lambda p, age_s: age_s),
+    _Limit("ttft_p95_s", "waited over {} s for a first token", _waited),
+    _Limit("ttft_per_1k_prompt_p95_s", "waited over {} s per 1,000 prompt tokens for a first token",
+           lambda p, age_s: _waited(p, age_s) / prompt_thousands(p.input_tokens)),
+    _Limit("tpot_p95_s", "took over {} s per output token", None),  # a mean over its tokens, known once it ends
+)
+
+
+def _failures_left(live: LiveReplay, b: Boundary) -> int:
+    """How many more requests may fail (or end truncated) before the completion ratio, as a score reads it, falls
+    under the boundary's: -1 once it has, whatever the rest do."""
+    if live.total == 0:
+        return 0
+    failed = sum(r.outcome is not Outcome.OK for r in live.finished)
+
+    def meets(failures: int) -> bool:  # the completion ratio with so many failed in all, compared as a score does
+        return (live.total - failures) / live.total >= b.min_completion_ratio
+
+    left = math.floor(live.total * (1 - b.min_completion_ratio)) - failed  # within one of the count
+    while left >= 0 and not meets(failed + left):
+        left -= 1
+    while failed + left + 1 <= live.total and meets(failed + left + 1):
+        left += 1
+    return max(left, -1)
+
+
+def _latency_over(live: LiveReplay, b: Boundary, left: int, fails: Callable[[int, int], bool]) -> str | None:
+    """The first p95 limit that `fails(over, counted)` breaks however the rest of the replay goes, as the requests
+    over it already; None while none is.
+
+    The kindest ending is tried: every request not yet over the limit ends within it, and each already over it
+    finishes over it or, within the `left` failures the completion ratio allows, fails, leaving the percentile. A
+    request within a limit is kinder than one that fails: the share within it and its interval's upper end only
+    grow with it, and so does the number of values over it that push a p95 over."""
+    now = live.elapsed()
+    ages = [(p, now - (p.sent - live.origin)) for p in live.in_flight.values()]
+    for limit in _LIMITS:
+        value = getattr(b, limit.name)
+        if value is None:
+            continue
+        figure = PERCENTILE_LIMITS[limit.name]
+        counted = [v for r in live.finished if (v := getattr(r, figure)) is not None and r.e2e_s is not None]
+        over = sum(v > value for v in counted)
+        pending = sum(limit.so_far(p, age_s) > value for p, age_s in ages) if limit.so_far is not None else 0
+        most = live.total - (len(live.finished) - len(counted))  # the values the percentile can hold at most
+        if all(fails(over + pending - k, most - k) for k in range(min(pending, left) + 1)):
+            return f"{over + pending} requests already {limit.said.format(f'{value:g}')}"
+    return None
+
+
+def _certain_failure(live: LiveReplay, b: Boundary, fails: Callable[[int, int], bool], consequence: str,
+                     span_s: float) -> str | None:
+    """Why the replay certainly breaks the boundary's completion ratio, a p95 limit (as `fails` reads it, with its
+    `consequence` in words) or its makespan over `span_s` of arrivals; None while it may still meet them."""
+    left = _failures_left(live, b)
+    if left < 0:
+        failed = sum(r.outcome is not Outcome.OK for r in live.finished)
+        return (f"{failed} of {live.total} requests already failed: the completion ratio cannot reach "
+                f"{b.min_completion_ratio:g}")
+    if (over := _latency_over(live, b, left, fails)) is not None:
+        return f"{over}: {consequence}"
+    makespan = b.makespan_limit_s(span_s)
+    if makespan is not None and live.elapsed() > makespan and len(live.finished) < live.total:
+        return f"the replay is past its makespan limit of {makespan:.1f} s with requests unfinished"
+    return None
 
 
 @dataclass(frozen=True)
@@ -57,36 +133,49 @@ class BoundaryWatch:
 
     def __call__(self, live: LiveReplay) -> str | None:
         """A reason to stop now, or None while the boundary can still be met."""
-        b, total = self.boundary, live.total
-        failure_budget = math.floor(total * (1 - b.min_completion_ratio) + 1e-9)
-        finished = live.finished
-        failed = sum(r.outcome is not Outcome.OK for r in finished)
-        # Truncated requests finished (they count in the percentiles) but were not served in full.
-        dropped = sum(r.outcome not in _FINISHED for r in finished)
-        if failed > failure_budget:
-            return (f"{failed} of {total} requests already failed: the completion ratio cannot reach "
-                    f"{b.min_completion_ratio:g}")
-        left = failure_budget - failed
-        now = live.elapsed()
-        started = {i: p.sent - live.origin for i, p in live.in_flight.items()}
-        if b.e2e_p95_s is not None:
-            limit = b.e2e_p95_s
-            over = sum(r.e2e_s is not None and r.e2e_s > limit for r in finished)
-            pending = sum(now - sent > limit for sent in started.values())
-            if _quantile_certainly_over(over, pending, dropped, total, left):
-                return f"{over + pending} requests already took over {limit:g} s end to end: p95 cannot meet it"
-        # The TTFT percentile is over requests that finished with a first token: (its TTFT, its prompt's length).
-        counted = [(r.ttft_s, r.input_tokens) for r in finished if r.outcome in _FINISHED and r.ttft_s is not None]
-        for shown, allowed_s in _ttft_allowances(b):
-            over = sum(ttft_s > allowed_s(tokens) for ttft_s, tokens in counted)
-            pending = sum(
-                (p.first_token is None and now - (p.sent - live.origin) > allowed_s(p.input_tokens))
-                or (p.first_token is not None and p.first_token - p.sent > allowed_s(p.input_tokens))
-                for p in live.in_flight.values())
-            if _quantile_certainly_over(over, pending, len(finished) - len(counted), total, left):
-                return f"{over + pending} requests already waited over {shown} for a first token: p95 cannot meet it"
-        makespan = b.makespan_limit_s(live.span_s)
-        if makespan is not None and now > makespan and len(finished) < total:
-            return f"the replay is past its makespan limit of {makespan:.1f} s with requests unfinished"
-        return None
+        return _certain_failure(live, self.boundary, _quantile_over, "p95 cannot meet it", live.span_s)
 
+
+@dataclass(frozen=True)
+class VerdictWatch:
+    """Decides, from a live probe of a load search, whether its verdict is certainly a failure by the rules
+    `judge_probe` applies to the whole probe: a p95 limit whose share of requests within it cannot reach 0.95 by
+    its 95% interval, a completion ratio out of reach, a makespan passed, or a pace rule already broken."""
+
+    boundary: Boundary
+
+    def __call__(self, live: LiveReplay) -> str | None:
+        """A reason to cut the probe now, or None while its verdict may still be a pass or inconclusive."""
+        b = self.boundary
+        # The verdict holds a probe's makespan to its own arrival window, the last request's scheduled offset.
+        window_s = max(live.due_s.values(), default=0.0)
+        return (_certain_failure(live, b, _share_short, f"the share within it cannot reach {PERCENTILE:g}", window_s)
+                or _behind(live, _failures_left(live, b), window_s))
+
+
+def _behind(live: LiveReplay, left: int, window_s: float) -> str | None:
+    """A pace rule (`scoring.pace_violations`) the live probe breaks already, whatever the rest do. Both rules
+    measure against the early requests' p90 latency (`Pace.lag_s`), known once they have all ended; and both
+    decide only after the arrival window, `window_s`.
+
+    The drain rule is decided once a response came, or one of the requests unfinished (more than `left` of them
+    can fail) must come, later than it allows. The late-requests rule is decided in the form that needs most of
+    the window's later requests late, once every request that could count as served in time has. Its other form,
+    many of them late while the latency grew, is not: the growth is read from the last third's latency, known once
+    they end, or from the share served per copy of the trace, a copy's length untold here."""
+    now = live.elapsed()
+    if window_s <= 0 or now <= window_s:
+        return None
+    finished = {r.index: r for r in live.finished}
+    records = [finished.get(i) or RequestRecord(i, due_s, None, 0, 0, 0, Outcome.NOT_SENT)
+               for i, due_s in sorted(live.due_s.items())]
+    if any(r.index not in finished for r in early_requests(records)):
+        return None
+    pace = Pace.of(records)  # its lag, window and arrivals those of the whole probe; its drain a floor of the last
+    if live.total - len(finished) > left:
+        pace = replace(pace, drain_s=max(now - window_s, pace.drain_s if pace.drain_s is not None else -math.inf))
+    if (drained := drain_violation(pace)) is not None:
+        return drained
+    if now > window_s + pace.lag_s:
+        return late_violation(replace(pace, e2e_trend=None, carried_share=None), grew=False)
+    return None

@@ -255,17 +255,27 @@ def pace_violations(pace: Pace | None) -> list[str]:
     no pace): a queue a longer run would never drain, whatever the percentiles say."""
     if pace is None or pace.window_s <= 0:
         return []
-    reasons = []
+    return [reason for reason in (late_violation(pace, _grew(pace)), drain_violation(pace)) if reason is not None]
+
+
+def late_violation(pace: Pace, grew: bool) -> str | None:
+    """The first rule of `pace_violations`: many of the window's later requests finished late, while the latency
+    `grew` through the replay (`_grew`) or most of them did. None where it holds."""
     most_late = pace.steady_shortfall > STEADY_SHORTFALL_DECISIVE * pace.steady_arrivals
-    if _many_late(pace) and (_grew(pace) or most_late):
-        reasons.append(f"did not keep up: of {pace.steady_arrivals} requests due in the last two thirds of the "
-                       f"{pace.window_s:.1f} s arrival window, {pace.steady_completed} finished within the early "
-                       f"requests' p90 latency ({pace.lag_s:.2f} s) of it{_growth_said(pace)}")
-    if pace.drain_s is not None and pace.drain_s - pace.lag_s > DRAIN_WINDOW_RATIO * pace.window_s:
-        reasons.append(f"did not keep up: the last response came {pace.drain_s:.1f} s after the last arrival, "
-                       f"longer than the {pace.window_s:.1f} s the arrivals took and the early requests' p90 "
-                       f"latency ({pace.lag_s:.2f} s)")
-    return reasons
+    if not (_many_late(pace) and (grew or most_late)):
+        return None
+    return (f"did not keep up: of {pace.steady_arrivals} requests due in the last two thirds of the "
+            f"{pace.window_s:.1f} s arrival window, {pace.steady_completed} finished within the early "
+            f"requests' p90 latency ({pace.lag_s:.2f} s) of it{_growth_said(pace)}")
+
+
+def drain_violation(pace: Pace) -> str | None:
+    """The second rule of `pace_violations`: the tail drained, beyond the early requests' latency, for longer than
+    the arrivals took to come. None where it holds."""
+    if pace.drain_s is None or pace.drain_s - pace.lag_s <= DRAIN_WINDOW_RATIO * pace.window_s:
+        return None
+    return (f"did not keep up: the last response came {pace.drain_s:.1f} s after the last arrival, longer than "
+            f"the {pace.window_s:.1f} s the arrivals took and the early requests' p90 latency ({pace.lag_s:.2f} s)")
 
 
 def _grew(pace: Pace) -> bool:

@@ -103,7 +103,7 @@ class Pace:
         def e2e(part: list[RequestRecord]) -> list[float]:
             return [r.e2e_s for r in part if r.e2e_s is not None]
 
-        early = e2e(by_schedule[:max(third, 1)])
+        early = e2e(early_requests(records))
         lag = percentile(early, 90) if early else 0.0
         first = statistics.median(early) if early else None
         late = e2e(by_schedule[-third:]) if third else []
@@ -117,6 +117,12 @@ class Pace:
             lag_s=lag,
             carried_share=_carried_share(records, period, lag, window, served) if period else None,
         )
+
+
+def early_requests(records: list[RequestRecord]) -> list[RequestRecord]:
+    """The first third of a replay's requests by schedule (one at least): those whose p90 latency is its pace's
+    yardstick (`Pace.lag_s`)."""
+    return sorted(records, key=lambda r: r.scheduled_s)[:max(len(records) // 3, 1)]
 
 
 # Spans at which `Pace.carried_share` counts the requests served, evenly from the first to the last.
@@ -187,6 +193,11 @@ class Measurement:
     metrics_unreported: tuple[str, ...] | None = None
     # TTFT per 1,000 prompt tokens (`RequestRecord.ttft_per_1k_prompt_s`); None for a measurement stored before.
     ttft_per_1k_prompt_s: Percentiles | None = None
+    # The fastest finished request's decode time per output token after the first, (e2e - ttft) / (tokens - 1):
+    # a floor on this engine's per-token time (tuner.kv_traffic). From its whole decode rather than its gaps
+    # between chunks, which a chunk of several tokens lengthens. None without a request of two tokens or more, or
+    # for a measurement stored before.
+    tpot_fastest_s: float | None = None
 
     def to_dict(self) -> dict:
         """As stored (the trial's `measurement` column and measurement.json): JSON-ready, nested records as dicts,
@@ -269,6 +280,8 @@ def measure(result: ReplayResult, period: int | None = None) -> Measurement:
         offered_rps=_offered_rps(records),
         tpot_s=Percentiles.of([r.itl_mean_s for r in finished if r.itl_mean_s is not None]),
         ttft_per_1k_prompt_s=Percentiles.of([t for r in finished if (t := r.ttft_per_1k_prompt_s) is not None]),
+        tpot_fastest_s=min((r.decode_s_per_token for r in finished if r.decode_s_per_token is not None),
+                           default=None),
         pace=Pace.of(records, period),
         queue_source=queue_source,
         gauge_reads=_reads_in_flight(records, timeline),

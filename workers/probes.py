@@ -20,7 +20,7 @@ from tuner.traces.records import Trace
 from tuner.traces.transforms import cap_requests, repeat, scale_rate
 from tuner.workers.launch import SERVED_MODEL_NAME, RunningEngine
 from tuner.workers.measure import Measurement, measure
-from tuner.workers.replay import LiveReplay, RequestRecord, prepare_requests, replay
+from tuner.workers.replay import LiveReplay, Outcome, RequestRecord, Stop, prepare_requests, replay
 from tuner.workers.server_metrics import RUNNING, SCRAPE_ERRORS, WAITING, TimelineSample, scrape
 
 # Seeds of the prompts: probe k uses seed + k * PROBE_SEED_STRIDE (so probe 0 replays exactly what a single
@@ -46,6 +46,9 @@ class Probe:
     # Measured by an earlier launch of this configuration, this trial of the study, that was cut off before it ended
     # (tuner.workers.probe_log); None: by the launch whose probes it is listed with.
     earlier_trial: int | None = None
+    # Why its verdict was a certain failure before its requests had all ended: cut there, the requests in flight
+    # cancelled (Outcome.CUT). None: it ran to its end, or was stopped by the hopeless-trial rule.
+    cut_by_verdict: str | None = None
 
     @property
     def offered_rps(self) -> float | None:
@@ -57,7 +60,8 @@ class Probe:
         return {"index": self.index, "factor": self.factor, "seed": self.seed, "requests": self.requests,
                 "measurement": self.measurement.to_dict() if self.measurement else None,
                 "stop_reason": self.stop_reason, "idle_at_start": self.idle_at_start,
-                "idle_wait_s": self.idle_wait_s, "engine_lost": self.engine_lost, "earlier_trial": self.earlier_trial}
+                "idle_wait_s": self.idle_wait_s, "engine_lost": self.engine_lost, "earlier_trial": self.earlier_trial,
+                "cut_by_verdict": self.cut_by_verdict}
 
     @classmethod
     def from_dict(cls, data: dict) -> Probe:
@@ -142,15 +146,30 @@ def wait_until_idle(base_url: str, timeout_s: float) -> tuple[bool, float]:
     return idle, time.monotonic() - started
 
 
+StopRule = Callable[[LiveReplay], str | None]  # a reason to end a replay now, or None
+
+
+def _watch(stop_rule: StopRule | None, verdict_rule: StopRule | None) -> Callable[[LiveReplay], Stop | None]:
+    """The stop a probe's replay polls: the hopeless-trial rule's first, then the verdict's cut."""
+    def watch(live: LiveReplay) -> Stop | None:
+        if stop_rule is not None and (reason := stop_rule(live)) is not None:
+            return Stop(reason, Outcome.STOPPED)
+        if verdict_rule is not None and (reason := verdict_rule(live)) is not None:
+            return Stop(reason, Outcome.CUT)
+        return None
+    return watch
+
+
 def run_probes(engine: RunningEngine, trace: Trace, vocab_size: int, plan: LoadPlan, *, seed: int,
-               request_timeout_s: float, stop_rule: Callable[[LiveReplay], str | None] | None = None,
+               request_timeout_s: float, stop_rule: StopRule | None = None, verdict_rule: StopRule | None = None,
                on_request_done: Callable[[RequestRecord], None] | None = None,
                on_phase: Callable[[str], None] | None = None, earlier: Sequence[ProbeRun] = (),
                on_probe_done: Callable[[ProbeRun], None] | None = None) -> list[ProbeRun]:
     """Warm the engine up, then run the probes the plan asks for after the `earlier` ones (finished by an earlier
     launch of this configuration that was cut off), until it asks for none or the engine is gone. Every probe
     begins once vLLM reports nothing running or waiting (or after a wait as long as the request timeout,
-    recorded). `on_probe_done` gets each probe this launch finishes."""
+    recorded), and ends early where `stop_rule` (the trial is hopeless) or `verdict_rule` (its verdict is certain)
+    gives a reason. `on_probe_done` gets each probe this launch finishes."""
     phase = on_phase or (lambda _: None)
     runs = list(earlier)
     factor = plan.next_factor(runs)
@@ -172,10 +191,11 @@ def run_probes(engine: RunningEngine, trace: Trace, vocab_size: int, plan: LoadP
         result = asyncio.run(replay(engine.base_url, prepare_requests(probed, vocab_size, SERVED_MODEL_NAME,
                                                                       probe_seed),
                                     timeout_s=request_timeout_s, engine_alive=engine.alive,
-                                    should_stop=stop_rule, on_done=on_request_done))
+                                    should_stop=_watch(stop_rule, verdict_rule), on_done=on_request_done))
         lost = result.engine_lost or not engine.alive()
         probe = Probe(index, factor, probe_seed, len(probed.requests), measure(result, len(trace.requests)),
-                      result.stop_reason, idle, waited, lost)
+                      result.stopped_as(Outcome.STOPPED), idle, waited, lost,
+                      cut_by_verdict=result.stopped_as(Outcome.CUT))
         runs.append(ProbeRun(probe, result.records, result.timeline))
         if on_probe_done is not None:
             on_probe_done(runs[-1])

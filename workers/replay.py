@@ -13,8 +13,8 @@ import math
 import ssl
 import statistics
 import time
-from collections.abc import AsyncIterator, Callable
-from dataclasses import asdict, dataclass, field
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields
 from enum import Enum
 
 import httpx
@@ -35,7 +35,10 @@ class Outcome(str, Enum):
     TIMEOUT = "timeout"  # not finished within the per-request limit
     DISCONNECTED = "disconnected"  # connection refused, reset or closed before the stream ended
     NOT_SENT = "not_sent"  # the replay had ended (engine gone, or stopped) before this request's time came
-    STOPPED = "stopped"  # in flight when the replay was stopped early
+    STOPPED = "stopped"  # in flight when the replay was stopped early, its trial hopeless (tuner.pruning.BoundaryWatch)
+    # In flight when its probe was cut, its verdict already certain (tuner.pruning.VerdictWatch): cancelled, so that
+    # the engine frees it at once.
+    CUT = "cut"
 
 def prompt_thousands(input_tokens: int) -> float:
     """A prompt's length in thousands of tokens, a prompt under 1,000 counted as 1,000: what a TTFT limit per 1,000
@@ -72,6 +75,14 @@ class RequestRecord:
         return None if self.ttft_s is None else self.ttft_s / prompt_thousands(self.input_tokens)
 
     @property
+    def decode_s_per_token(self) -> float | None:
+        """Its decode time per output token after the first, (e2e - ttft) / (tokens - 1); None without a second
+        token."""
+        if self.ttft_s is None or self.e2e_s is None or self.output_tokens < 2:
+            return None
+        return (self.e2e_s - self.ttft_s) / (self.output_tokens - 1)
+
+    @property
     def lateness_s(self) -> float | None:
         """How late the request left against its schedule, in seconds; None if it was never sent."""
         return None if self.sent_s is None else self.sent_s - self.scheduled_s
@@ -87,6 +98,22 @@ class RequestRecord:
     def from_dict(cls, data: dict) -> RequestRecord:
         """The record `to_dict` gave."""
         return cls(**{**data, "outcome": Outcome(data["outcome"])})
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, str]) -> RequestRecord:
+        """The record a row of a trial's requests.csv gives (`to_dict` written as text, None as an empty cell); a
+        column the row lacks, written before its field came, takes the field's default."""
+        values: dict[str, object] = {}
+        for f in fields(cls):
+            if f.name not in row:
+                continue
+            text, kind = row[f.name], str(f.type).removesuffix(" | None")
+            values[f.name] = None if text == "" and kind != str(f.type) else _FROM_TEXT[kind](text)
+        return cls(**values)  # type: ignore[arg-type]  # each value parsed by its field's type
+
+
+# How requests.csv's text reads back, by the type a field of RequestRecord is annotated with.
+_FROM_TEXT: dict[str, Callable[[str], object]] = {"int": int, "float": float, "str": str, "Outcome": Outcome}
 
 
 @dataclass(frozen=True)
@@ -111,7 +138,26 @@ class ReplayResult:
     metrics_after: MetricsSnapshot | None
     timeline: list[TimelineSample] = field(default_factory=list)
     engine_lost: bool = False  # the server stopped while requests were due or in flight
-    stop_reason: str | None = None  # why the replay was ended early on purpose (a hopeless trial)
+    stop: Stop | None = None  # why the replay was ended early on purpose, if it was
+
+    def stopped_as(self, outcome: Outcome) -> str | None:
+        """Why the replay was ended early by a stop that recorded what it cancelled as `outcome` (STOPPED: its trial
+        hopeless; CUT: its verdict certain); None where none did."""
+        return self.stop.reason if self.stop is not None and self.stop.outcome is outcome else None
+
+
+@dataclass(frozen=True)
+class Stop:
+    """A reason to end a replay early, and what the requests it cancels in flight are recorded as: STOPPED where
+    the trial is hopeless, CUT where the probe's verdict is certain."""
+
+    reason: str
+    outcome: Outcome = Outcome.STOPPED
+
+    @property
+    def said(self) -> str:
+        """The reason as the records of the requests it ends give it."""
+        return f"{'cut by its verdict' if self.outcome is Outcome.CUT else 'replay stopped'}: {self.reason}"
 
 
 def prepare_requests(trace: Trace, vocab_size: int, model_name: str, seed: int = 0) -> list[ReplayRequest]:
@@ -152,10 +198,32 @@ class LiveReplay:
     span_s: float = 0.0  # from the first request's scheduled offset to the last's
     finished: list[RequestRecord] = field(default_factory=list)
     in_flight: dict[int, InFlight] = field(default_factory=dict)
+    due_s: dict[int, float] = field(default_factory=dict)  # each request's scheduled offset, by its index
+    at_s: float | None = None  # a clock stopped this many seconds after the start (`as_of`); None: the replay's own
 
     def elapsed(self) -> float:
         """Seconds since the replay started."""
-        return time.perf_counter() - self.origin
+        return self.at_s if self.at_s is not None else time.perf_counter() - self.origin
+
+    @classmethod
+    def as_of(cls, records: Sequence[RequestRecord], at_s: float, ended_s: float) -> LiveReplay:
+        """What the replay that gave `records` and ended `ended_s` seconds after its start had seen `at_s` seconds
+        after it, its clock stopped there: a stop rule replayed over a finished replay. A request that failed keeps
+        no time of its end, so it is taken to have ended with the replay: in flight until then, it lets no rule
+        decide sooner than it could have live."""
+        due = {r.index: r.scheduled_s for r in records}
+        span = max(due.values(), default=0.0) - min(due.values(), default=0.0)
+        live = cls(origin=0.0, total=len(records), span_s=span, due_s=due, at_s=at_s)
+        for r in records:
+            if r.sent_s is None or r.sent_s > at_s:
+                continue
+            if (r.sent_s + r.e2e_s if r.e2e_s is not None else ended_s) <= at_s:
+                live.finished.append(r)
+            else:
+                first = r.sent_s + r.ttft_s if r.ttft_s is not None else None
+                live.in_flight[r.index] = InFlight(r.sent_s, r.input_tokens,
+                                                   first if first is not None and first <= at_s else None)
+        return live
 
 
 _JSON = {"content-type": "application/json"}
@@ -285,14 +353,15 @@ def _unsent(req: ReplayRequest, why: str) -> RequestRecord:
 
 async def replay(base_url: str, requests: list[ReplayRequest], *, timeout_s: float = 600.0,
                  engine_alive: Callable[[], bool] | None = None,
-                 should_stop: Callable[[LiveReplay], str | None] | None = None,
+                 should_stop: Callable[[LiveReplay], Stop | None] | None = None,
                  on_done: Callable[[RequestRecord], None] | None = None,
                  sample_interval_s: float = 0.25, collect_metrics: bool = True) -> ReplayResult:
     """Send every request at its scheduled offset, whatever is in flight, and gather what happened.
 
     Polled every 0.25 s while replaying: `engine_alive` (once False, the requests not yet due are recorded
     as not sent and those in flight are left to fail as users would see them fail) and `should_stop` (a
-    reason to end the replay early: requests not yet due are not sent, those in flight are cancelled).
+    reason to end the replay early: requests not yet due are not sent, those in flight are cancelled, so that
+    vLLM aborts them, and recorded as its `Stop.outcome` says).
     """
     url = f"{base_url}/v1/completions"
     # No cap on connections (open loop). httpcore scans its whole pool for every request, so the
@@ -316,21 +385,22 @@ async def replay(base_url: str, requests: list[ReplayRequest], *, timeout_s: flo
         sampler = MetricsSampler(metrics_client, base_url, sample_interval_s)
         span = max((r.scheduled_s for r in requests), default=0.0) - min((r.scheduled_s for r in requests), default=0.0)
         # The origin lies a moment ahead, to enter the loop.
-        live = LiveReplay(origin=time.perf_counter() + 0.05, total=len(requests), span_s=span)
+        live = LiveReplay(origin=time.perf_counter() + 0.05, total=len(requests), span_s=span,
+                          due_s={r.index: r.scheduled_s for r in requests})
         sampler_task = asyncio.create_task(sampler.run(live.origin)) if collect_metrics else None
         halt = asyncio.Event()
-        stop_reason: str | None = None
+        stop: Stop | None = None
         tasks: dict[int, asyncio.Task[RequestRecord]] = {}
 
         async def watch() -> None:
-            nonlocal lost, stop_reason
+            nonlocal lost, stop
             while not halt.is_set():
                 if engine_alive is not None and not engine_alive():
                     lost = True
-                elif should_stop is not None and (stop_reason := should_stop(live)) is not None:
+                elif should_stop is not None and (stop := should_stop(live)) is not None:
                     for task in tasks.values():
                         task.cancel()
-                if lost or stop_reason is not None:
+                if lost or stop is not None:
                     halt.set()
                     return
                 await asyncio.sleep(0.25)
@@ -338,8 +408,9 @@ async def replay(base_url: str, requests: list[ReplayRequest], *, timeout_s: flo
         watcher = asyncio.create_task(watch())
 
         def stopped(req: ReplayRequest, sent: float | None) -> RequestRecord:
+            assert stop is not None  # only a stop cancels a request
             return RequestRecord(req.index, req.scheduled_s, sent, req.requested_tokens, req.input_tokens, 0,
-                                 Outcome.STOPPED, error=f"replay stopped: {stop_reason}")
+                                 stop.outcome, error=stop.said)
 
         async def tracked(req: ReplayRequest) -> RequestRecord:
             progress = live.in_flight[req.index] = InFlight(time.perf_counter(), req.input_tokens)
@@ -358,7 +429,7 @@ async def replay(base_url: str, requests: list[ReplayRequest], *, timeout_s: flo
         for req in requests:
             await _until(live.origin + req.scheduled_s, halt)
             if halt.is_set():
-                skipped.append(_unsent(req, f"replay stopped: {stop_reason}" if stop_reason
+                skipped.append(_unsent(req, stop.said if stop is not None
                                        else "the engine was gone before this request was due"))
                 continue
             tasks[req.index] = asyncio.create_task(tracked(req))
@@ -384,5 +455,4 @@ async def replay(base_url: str, requests: list[ReplayRequest], *, timeout_s: flo
         if on_done is not None:
             on_done(record)
     records = sorted(records + skipped, key=lambda r: r.index)
-    return ReplayResult(records, duration, before, after, sampler.samples, engine_lost=lost,
-                        stop_reason=stop_reason)
+    return ReplayResult(records, duration, before, after, sampler.samples, engine_lost=lost, stop=stop)

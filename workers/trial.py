@@ -5,7 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from importlib import metadata
@@ -16,12 +16,12 @@ from tuner.models import inspect_model
 from tuner.traces.records import Trace, TraceFit
 from tuner.workers.compile_cache import compile_cache_state
 from tuner.workers.engine_config import EngineConfig
-from tuner.workers.launch import EngineLaunchError, read_log, start_engine
+from tuner.workers.launch import EngineLaunchError, RunningEngine, read_log, start_engine
 from tuner.workers.failures import EngineFailure
 from tuner.workers.measure import Measurement, TrialTimings
 from tuner.workers.probe_log import PROBE_LOG, ProbeLog, ResumedProbes
-from tuner.workers.probes import FixedLoad, LoadPlan, Probe, ProbeRun, run_probes
-from tuner.workers.replay import LiveReplay, RequestRecord
+from tuner.workers.probes import FixedLoad, LoadPlan, Probe, ProbeRun, StopRule, run_probes
+from tuner.workers.replay import RequestRecord
 from tuner.workers.server_metrics import TimelineSample
 
 
@@ -90,7 +90,9 @@ class TrialSpec:
     env: dict[str, str] = field(default_factory=dict)
     seed: int = 0
     # Ends a probe early with a reason (a boundary that can no longer be met); must pickle, to reach workers.
-    stop_rule: Callable[[LiveReplay], str | None] | None = None
+    stop_rule: StopRule | None = None
+    # Cuts a probe of a load search whose verdict is certainly a failure already, with the reason; must pickle too.
+    verdict_rule: StopRule | None = None
     # Which loads the trial probes: by default one replay of the trace as selected.
     load: LoadPlan = field(default_factory=FixedLoad)
     # Probes an earlier launch of this configuration finished before it was cut off: used when they were measured
@@ -127,10 +129,32 @@ def vllm_version() -> str:
     return "unknown"
 
 
+def trial_record(spec: TrialSpec, hardware: HardwareInfo, started_at: str, timings: TrialTimings, *,
+                 runs: Sequence[ProbeRun] = (), failure: EngineFailure | None = None,
+                 argv: Sequence[str] = ()) -> TrialRecord:
+    """The record of a launch of `spec` (or, paired, of its round on an engine it shares, `workers.paired`) that
+    began at `started_at` and ran `runs`: its measurement and stop reason are the first probe's."""
+    first = runs[0].probe if runs else None
+    return TrialRecord(model=str(spec.model), engine_config=spec.config,
+                       serve_command=spec.config.serve_command(str(spec.model), list(spec.extra_args)),
+                       trace=TrialTrace.of(spec.trace), hardware=hardware, vllm_version=vllm_version(),
+                       started_at=started_at, timings=timings, measurement=first.measurement if first else None,
+                       failure=failure, log_path=str(spec.out_dir / "server.log"), argv=list(argv),
+                       stop_reason=first.stop_reason if first else None, probes=[run.probe for run in runs])
+
+
+def died_during(engine: RunningEngine, runs: Sequence[ProbeRun]) -> bool:
+    """Whether the engine died during `runs`. An engine core killed mid-replay fails the requests in flight at once,
+    and the stop rules can act on those failures before the API server exits: a probe ended early on a dead engine
+    is the engine's death."""
+    return not engine.alive() or any(run.probe.engine_lost for run in runs) or (
+        any(run.probe.stop_reason or run.probe.cut_by_verdict for run in runs) and engine.engine_dead())
+
+
 def run_trial(spec: TrialSpec, *, on_request_done: Callable[[RequestRecord], None] | None = None,
               on_phase: Callable[[str], None] | None = None) -> TrialOutcome:
-    """Launch the engine, run the probes its load plan asks for (each ended early if the stop rule gives a
-    reason), and stop the engine: on every path, before this returns."""
+    """Launch the engine, run the probes its load plan asks for (each ended early if the stop rule or the verdict
+    rule gives a reason), and stop the engine: on every path, before this returns."""
     phase = on_phase or (lambda _: None)
     info = inspect_model(spec.model)
     started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
@@ -142,42 +166,30 @@ def run_trial(spec: TrialSpec, *, on_request_done: Callable[[RequestRecord], Non
     # Written before the launch: a re-run cut off while its engine starts still hands the earlier probes on.
     probe_log = ProbeLog(spec.out_dir / PROBE_LOG)
     probe_log.begin(spec.config, hardware.describe(), earlier)
-    base = dict(model=str(spec.model), engine_config=spec.config,
-                serve_command=spec.config.serve_command(str(spec.model), list(spec.extra_args)),
-                trace=TrialTrace.of(spec.trace),
-                hardware=hardware, vllm_version=vllm_version(), started_at=started_at,
-                log_path=str(log_path))
     phase("starting engine")
     try:
         engine = start_engine(spec.model, spec.config, log_path, startup_timeout_s=spec.startup_timeout_s,
                               extra_args=list(spec.extra_args), env=spec.env)
     except EngineLaunchError as exc:
         timings = TrialTimings(exc.startup_s, 0.0, 0.0, compile_cache_state(read_log(log_path)))
-        record = TrialRecord(**base, timings=timings, measurement=None,
-                             failure=exc.failure)
+        record = trial_record(spec, hardware, started_at, timings, failure=exc.failure)
         return _finish(spec, TrialOutcome(record, launched_at=exc.launched_at))
     replay_started = time.monotonic()
     failure = None
     try:
         runs = run_probes(engine, spec.trace, info.vocab_size, spec.load, seed=spec.seed,
                           request_timeout_s=spec.request_timeout_s, stop_rule=spec.stop_rule,
+                          verdict_rule=spec.verdict_rule,
                           on_request_done=on_request_done, on_phase=phase, earlier=earlier,
                           on_probe_done=lambda run: None if run.probe.engine_lost else probe_log.append(run))
-        # An engine core killed mid-replay fails the requests in flight at once, and the stop rule can act on
-        # those failures before the API server exits: a probe stopped early on a dead engine is the engine's death.
-        if not engine.alive() or any(run.probe.engine_lost for run in runs) or (
-                any(run.probe.stop_reason for run in runs) and engine.engine_dead()):
+        if died_during(engine, runs):
             failure = engine.failure()
         replay_s = time.monotonic() - replay_started
     finally:
         phase("stopping engine")
         teardown_s = engine.stop()
-    probes = [run.probe for run in runs]
-    first = probes[0] if probes else None
     timings = TrialTimings(engine.startup_s, replay_s, teardown_s, compile_cache_state(read_log(log_path)))
-    record = TrialRecord(**base, argv=engine.argv, timings=timings,
-                         measurement=first.measurement if first else None, failure=failure,
-                         stop_reason=first.stop_reason if first else None, probes=probes)
+    record = trial_record(spec, hardware, started_at, timings, runs=runs, failure=failure, argv=engine.argv)
     return _finish(spec, TrialOutcome(record, runs, engine.launched_at))
 
 

@@ -3,7 +3,7 @@ KV budget from a large one, and a load far beyond the engine failing as not kept
 
 Two launches serve the trial tests here, the same configuration but for its KV budget, each searched from a
 reference load far above what either carries; a study of the same two shows what is recommended when no
-configuration carries your traffic."""
+configuration carries your traffic, and a study's baseline whose overloaded reference probe is cut at its verdict."""
 
 from __future__ import annotations
 
@@ -134,3 +134,35 @@ def test_a_study_on_traffic_no_configuration_carries_recommends_the_one_that_car
     assert carried[answer["trial"]] >= 0.75 * max(carried.values()), (answer["trial"], carried)
     status = run_tuner("study", "status", "short", *common).stdout
     assert "falls short at your traffic of the interactive" in " ".join(status.split()), status
+
+
+def test_an_overloaded_probe_of_the_baseline_is_cut_at_its_verdict_and_the_search_goes_on(tiny_model, tmp_path):
+    # The same traffic, several times what the engine carries, held to a first token within 1 s for 95% of 80 or
+    # more requests: the baseline's reference probe fails that long before its last request could be served. The
+    # baseline searches its whole capacity, unpruned: the probe is cut at its verdict, not the trial pruned.
+    common = ["--storage", f"sqlite:///{tmp_path / 'tuner.db'}", "--artifacts", str(tmp_path / "artifacts")]
+    (tmp_path / "space.yaml").write_text(tiny_space("kv", {"num_gpu_blocks_override": {"type": "int", "low": 12,
+                                                                                        "high": 96}},
+                                                    fixed={"max_num_seqs": SEQUENCES}))
+    run_tuner("study", "create", "cut", "--model", str(tiny_model), "--space", str(tmp_path / "space.yaml"),
+              *SELECTION, "--probe-requests", "80", "--probe-seconds", "5", "--precision", "0.25",
+              "--load-range", "0.005:4", "--probe-budget", "3", "--limit", "ttft_p95_s=1", "--limit",
+              "e2e_p95_s=none", *common)
+    run = json.loads(run_tuner("study", "run", "cut", "--trials", "1", "--no-validate", "--json", *common).stdout)
+    assert [(t["baseline"], t["state"]) for t in run["trials"]] == [(True, "complete")], run["trials"]
+    trial = json.loads(run_tuner("study", "export", "cut", *common).stdout)["trials"][0]
+    assert trial["prune_reason"] is None
+    reference, *below = trial["probes"]
+    said = f"cut by its verdict: {reference['cut_by_verdict']}"
+    assert reference["stop_reason"] is None and "for a first token" in said, reference
+    assert (reference["verdict"], reference["reasons"]) == ("fail", [said])
+    # The search went on below the reference load, each probe on an engine that had freed the requests cut.
+    assert below and all(p["factor"] < 1.0 and p["idle_at_start"] for p in below), below
+    # The requests in flight at the cut are recorded as cut, those not yet due as never sent, both with its reason.
+    rows = [r for r in csv.DictReader(open(tmp_path / "artifacts" / "trials" / "cut" / "trial-0000" / "requests.csv"))
+            if r["probe"] == "0"]
+    assert len(rows) == reference["requests"]
+    cut = [r for r in rows if r["outcome"] == "cut"]
+    assert cut and all(r["sent_s"] for r in cut), {r["outcome"] for r in rows}
+    assert all(r["error"] == said for r in rows if r["outcome"] in ("cut", "not_sent"))
+    assert reference["measurement"]["outcomes"]["cut"] == len(cut)

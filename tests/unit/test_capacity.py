@@ -212,6 +212,20 @@ def test_a_probe_stopped_early_or_whose_engine_died_fails():
     assert judge_probe(died.probe, died.records, LIFTED).reasons == ["the engine died during the probe"]
 
 
+def test_a_probe_cut_by_its_verdict_fails_with_the_reason_and_the_search_goes_on_below():
+    cut = _run(_records(20, 0.1, 0.5), cut_by_verdict="9 requests already waited over 2 s for a first token")
+    judged = JudgedProbe.of(cut, LIFTED)
+    assert (judged.verdict, judged.reasons) == (Verdict.FAIL, ["cut by its verdict: 9 requests already waited over "
+                                                               "2 s for a first token"])
+    assert JudgedProbe.from_dict(judged.to_dict()) == judged
+    # A search below a failing reference goes on below it: a cut is a failed probe, not a hopeless trial.
+    below = LoadSearch(LoadPolicy(), LIFTED, below_reference=True)
+    assert below.next_factor([cut]) is not None and below.next_factor([cut]) < 1.0
+    # A probe stored before cuts came reads back as one that ran to its end.
+    stored = {k: v for k, v in judged.to_dict().items() if k != "cut_by_verdict"}
+    assert JudgedProbe.from_dict(stored).probe.cut_by_verdict is None
+
+
 def _search(**policy) -> LoadSearch:
     return LoadSearch(LoadPolicy(**policy), LIFTED)
 

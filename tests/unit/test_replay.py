@@ -17,7 +17,7 @@ from conftest import REPO
 from tuner.traces.records import Trace, TraceRequest
 from tuner.workers.launch import free_port
 from tuner.workers.prompts import PromptBuilder
-from tuner.workers.replay import Outcome, RequestRecord, prepare_requests, replay, send_completion
+from tuner.workers.replay import Outcome, RequestRecord, Stop, prepare_requests, replay, send_completion
 
 
 @pytest.fixture(scope="module")
@@ -93,19 +93,24 @@ def test_a_lost_engine_leaves_the_remaining_requests_not_sent(minimal_server):
     assert result.duration_s < 30.0
 
 
-def test_a_stop_cancels_the_requests_in_flight_and_never_sends_those_not_yet_due(minimal_server):
+@pytest.mark.parametrize(("stop", "said"), [(Stop("enough"), "replay stopped: enough"),
+                                            (Stop("enough", Outcome.CUT), "cut by its verdict: enough")])
+def test_a_stop_cancels_the_requests_in_flight_and_never_sends_those_not_yet_due(minimal_server, stop, said):
     # One request that finishes, one that would stream for a minute and a half, two due a minute later. The stop
-    # rule gives its reason once the first has finished and the second is in flight: the second is cancelled as
-    # stopped, the last two are never sent, and the replay ends then, however slowly a crowded machine answers.
+    # rule gives its reason once the first has finished and the second is in flight: the second is cancelled and
+    # recorded as the stop says (stopped: a hopeless trial; cut: a probe's verdict certain), the last two are never
+    # sent, and the replay ends then, however slowly a crowded machine answers.
     timeline = (TraceRequest(0.0, 16, 8), TraceRequest(0.2, 16, 45_000), TraceRequest(60.0, 16, 8),
                 TraceRequest(60.0, 16, 8))
     reqs = prepare_requests(Trace("synthetic", "native", "0" * 64, timeline), 1024, "model")
     result = asyncio.run(replay(minimal_server, reqs, collect_metrics=False,
-                                should_stop=lambda live: "enough" if live.finished and live.in_flight else None))
-    assert [r.outcome for r in result.records] == [Outcome.OK, Outcome.STOPPED, Outcome.NOT_SENT, Outcome.NOT_SENT]
-    assert result.stop_reason == "enough"
+                                should_stop=lambda live: stop if live.finished and live.in_flight else None))
+    assert [r.outcome for r in result.records] == [Outcome.OK, stop.outcome, Outcome.NOT_SENT, Outcome.NOT_SENT]
+    assert result.stop == stop
+    assert result.stopped_as(stop.outcome) == "enough"
+    assert result.stopped_as(Outcome.CUT if stop.outcome is Outcome.STOPPED else Outcome.STOPPED) is None
     assert result.records[1].sent_s is not None and result.records[2].sent_s is None
-    assert all(r.error == "replay stopped: enough" for r in result.records[1:])
+    assert all(r.error == said for r in result.records[1:])
     assert result.duration_s < 30.0
 
 
