@@ -2,8 +2,8 @@
 
 The KV budget decides most of it (tuner.kv_budget): the contexts come from the trace's lengths, the memory range
 from the least that holds one request of the shortest context, the batch sizes from the cache over the trace's
-mean context and from its prompt lengths. The result is written as a search space file, reasons as comments,
-and stored with a study like a hand-written one.
+mean context and from its prompt lengths, each a short grid because it keys vLLM's compile cache. The result is
+written as a search space file, reasons as comments, and stored with a study like a hand-written one.
 """
 
 from __future__ import annotations
@@ -29,6 +29,10 @@ UTILIZATION_STEP = 0.05
 UTILIZATION_HIGH = 0.95  # the rest of the card stays free for the CUDA context and other processes
 MAX_SEQS_CAP = 1024  # vLLM's own default on the largest GPUs
 PROMPT_BATCHES = 4  # max_num_batched_tokens reaches this many of the trace's p99 prompts in one step
+# Settings that key vLLM's compile cache (max_num_batched_tokens, and max_num_seqs through the CUDA graph sizes)
+# are offered as a grid of at most this many values, not a range: each value compiles once a study, and every
+# later trial with it starts warm (docs/search-spaces.md, "Launches that reuse compiled graphs").
+GRID_VALUES = 4
 CPU_SHARE_CAP = 0.25  # of RAM, at most, for the KV cache on a machine that others share
 
 
@@ -60,6 +64,16 @@ class DerivedSpace:
 
 def _round_up(value: float, step: int) -> int:
     return max(step, math.ceil(value / step) * step)
+
+
+def _grid(low: int, high: int) -> list[int]:
+    """At most GRID_VALUES values from `low` to `high`, both kept as derived: evenly apart on a log scale, those
+    between rounded to the nearest power of two."""
+    if high <= low:
+        return [low]
+    span = math.log2(high) - math.log2(low)
+    inner = (2 ** round(math.log2(low) + span * k / (GRID_VALUES - 1)) for k in range(1, GRID_VALUES - 1))
+    return sorted({low, high, *(v for v in inner if low < v < high)})
 
 
 def _context_choices(contexts: list[int], model: ModelMemory, fit: str | None) -> list[tuple[int, float]]:
@@ -196,19 +210,23 @@ class _Derivation:
         cap = min(MAX_SEQS_CAP, len(self.trace.requests))
         high = max(1, min(cap, int(self.tokens(self.high_config) / mean_context)))
         low = max(1, min(high, int(self.tokens(self.low_config) / mean_context)))
-        self.parameters["max_num_seqs"] = {"type": "int", "low": low, "high": high, "log": True}
-        self.ranges.append(DerivedRange(
-            "max_num_seqs", f"{low} to {high} (log)",
-            f"the KV budget over the trace's mean context ({mean_context:.0f} tokens), from the smallest budget to "
-            f"the largest, at most {cap} (the trace's requests, or vLLM's largest default)"))
+        self._grid_of("max_num_seqs", low, high,
+                      f"the KV budget over the trace's mean context ({mean_context:.0f} tokens), from the smallest "
+                      f"budget to the largest, at most {cap} (the trace's requests, or vLLM's largest default)")
         batched_low = _round_up(percentile(prompts, 50), CONTEXT_STEP)
         batched_high = max(_round_up(PROMPT_BATCHES * percentile(prompts, 99), CONTEXT_STEP), 2 * batched_low)
-        self.parameters["max_num_batched_tokens"] = {"type": "int", "low": batched_low, "high": batched_high,
-                                                     "log": True}
+        self._grid_of("max_num_batched_tokens", batched_low, batched_high,
+                      f"from the median prompt ({percentile(prompts, 50):.0f} tokens) in one step to "
+                      f"{PROMPT_BATCHES} of the p99 prompts ({percentile(prompts, 99):.0f})")
+
+    def _grid_of(self, setting: str, low: int, high: int, reason: str) -> None:
+        """A setting that keys vLLM's compile cache, offered as a short grid from `low` to `high`."""
+        values = _grid(low, high)
+        self.parameters[setting] = {"type": "categorical", "choices": values}
         self.ranges.append(DerivedRange(
-            "max_num_batched_tokens", f"{batched_low} to {batched_high} (log)",
-            f"from the median prompt ({percentile(prompts, 50):.0f} tokens) in one step to {PROMPT_BATCHES} of the "
-            f"p99 prompts ({percentile(prompts, 99):.0f})"))
+            setting, ", ".join(map(str, values)),
+            f"{reason}; a grid of {len(values)}, not a range: it keys vLLM's compile cache, so each value compiles "
+            "once a study and later trials with it start warm"))
 
     def _weights_fp8(self) -> str | None:
         """fp8 for online quantization of the weights, unless the checkpoint is quantized already (it keeps its own)."""

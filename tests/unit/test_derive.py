@@ -22,6 +22,7 @@ from tuner.kv_budget import ESTIMATE_ERROR, DeviceMemory, estimate_kv, read_mode
 from tuner.models import write_architecture
 from tuner.paths import bundled_trace
 from tuner.traces.selection import TraceSelection, load_trace
+from tuner.traces.stats import percentile
 from tuner.workers.engine_config import EngineConfig
 
 TRACE = load_trace(bundled_trace(), TraceSelection())
@@ -59,10 +60,10 @@ def test_shipped_architectures_get_sensible_ranges_for_an_h200(architectures, na
     # FP8 allowed: the largest budget offered is that of FP8 weights and KV cache, and the batch sizes only they
     # make room for are offered too.
     top = estimate_kv(model, H200, EngineConfig(gpu_memory_utilization=0.95, kv_cache_dtype="fp8", quantization="fp8"))
-    assert seqs.high == min(1000, int(top.tokens / mean))
+    assert seqs.choices[-1] == min(1000, int(top.tokens / mean))
     assert (f"({top.tokens:,} with weights and KV cache in FP8)"
             in _ranges(derived)["gpu_memory_utilization"].reason)
-    assert 1 <= seqs.low < seqs.high and seqs.log
+    assert 1 <= seqs.choices[0] < seqs.choices[-1]
     assert space.parameters["kv_cache_dtype"].choices == ("auto", "fp8")
     assert space.parameters["quantization"].choices == (None, "fp8")
     assert space.numerics_settings() == ["kv_cache_dtype", "quantization"]
@@ -70,6 +71,21 @@ def test_shipped_architectures_get_sensible_ranges_for_an_h200(architectures, na
     assert space.fixed == {"enable_chunked_prefill": True}
     # Every reason is one line, and the stored text carries it.
     assert all(r.reason and "\n" not in r.reason and r.reason in space.text for r in derived.ranges)
+
+
+@pytest.mark.parametrize("setting", ["max_num_seqs", "max_num_batched_tokens"])
+def test_settings_that_key_the_compile_cache_are_a_short_grid_spanning_the_derived_range(architectures, setting):
+    derived = derive_space(read_model_memory(architectures["llama-3.1-8b"]), H200, TRACE, "clip")
+    choices = derived.space.parameters[setting].choices
+    prompts = [r.input_tokens for r in TRACE.requests]
+    if setting == "max_num_batched_tokens":
+        # The reasoning's ends: the median prompt in one step, four p99 prompts in one step (rounded up to 256).
+        assert choices[0] == -(-percentile(prompts, 50) // 256) * 256
+        assert choices[-1] == -(-4 * percentile(prompts, 99) // 256) * 256
+    # Each value compiles once a study: a handful of them, ascending, the ones between powers of two.
+    assert 2 <= len(choices) <= 4 and list(choices) == sorted(set(choices))
+    assert all(v & (v - 1) == 0 for v in choices[1:-1])
+    assert "keys vLLM's compile cache" in _ranges(derived)[setting].reason
 
 
 def test_without_fp8_allowed_the_derived_space_keeps_the_checkpoints_numerics(architectures):
@@ -80,7 +96,7 @@ def test_without_fp8_allowed_the_derived_space_keeps_the_checkpoints_numerics(ar
     # The largest budget is the model's own precision's.
     top = estimate_kv(model, H200, EngineConfig(gpu_memory_utilization=0.95))
     mean = sum(r.input_tokens + r.output_tokens for r in TRACE.requests) / len(TRACE.requests)
-    assert derived.space.parameters["max_num_seqs"].high == min(1000, int(top.tokens / mean))
+    assert derived.space.parameters["max_num_seqs"].choices[-1] == min(1000, int(top.tokens / mean))
     assert _ranges(derived)["quantization"].values == "not searched"
 
 
