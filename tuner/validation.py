@@ -1,10 +1,12 @@
 """Validation: vLLM's default configuration and a study's finalists launched again, R times each in interleaved
-order, and the gain of the best over the default stated with its 95% confidence interval.
+order, or on one GPU paired (one engine each, taking turns through vLLM's sleep mode), and the gain of the best
+over the default stated with its 95% confidence interval.
 
 A configuration measured once can look better by chance (the best of many noisy measurements is biased
 upwards), so the recommendation of a validated study is the finalist with the best median over fresh launches,
-and its gain over the default is the ratio of their geometric means with a Welch t-interval on the log values:
-with few repeats the interval is wide, as it should be. Each launch is a trial of the study marked with a
+and its gain over the default is the ratio of their geometric means with a t-interval on the log values: Welch's
+for interleaved launches, the paired one on the rounds' log ratios for paired rounds. With few repeats the
+interval is wide, as it should be. Each launch (or paired round of an arm) is a trial of the study marked with a
 `ValidationMark`; this module reads those trials back and judges them. It needs no Ray and no engine.
 """
 
@@ -41,6 +43,51 @@ class Arm:
         return f"trial {self.of_trial}"
 
 
+PAIRED = "paired on one engine pair with sleep mode"
+
+
+@dataclass(frozen=True)
+class Pairing:
+    """How a validation's launches are run, decided before any is: paired (one engine per arm on one GPU, the arms
+    taking turns through vLLM's sleep mode, so each load is probed on both within seconds) or interleaved launches,
+    and why."""
+
+    paired: bool
+    reason: str  # why interleaved; empty when paired
+
+    @property
+    def text(self) -> str:
+        """`paired on one engine pair with sleep mode`, or `interleaved launches: vLLM's CPU build has no sleep
+        mode`."""
+        return PAIRED if self.paired else f"interleaved launches: {self.reason}"
+
+
+def pairing(arms: int, slot_gpus: int, sleep_mode: bool, wanted: bool = True) -> Pairing:
+    """Whether a validation of `arms` arms runs paired: on a slot with a GPU (`slot_gpus`, 0 for a CPU slot: vLLM has
+    sleep mode on CUDA, ROCm and XPU only, `Platform.is_sleep_mode_available`), where the installed vLLM serves the
+    sleep endpoints (`sleep_mode`), for two arms (a sleeping engine keeps its CUDA graphs and context on the GPU:
+    one more beside them is more than the default's 92% of the memory leaves room for), unless turned off."""
+    if not wanted:
+        return Pairing(False, "pairing turned off (--no-pairing)")
+    if not slot_gpus:
+        return Pairing(False, "vLLM's CPU build has no sleep mode")
+    if not sleep_mode:
+        return Pairing(False, "the installed vLLM serves no sleep mode endpoints")
+    if arms != 2:
+        return Pairing(False, f"paired validation takes two configurations, this one {arms}")
+    return Pairing(True, "")
+
+
+def paired_design(paired_rounds: int, rounds: int, fallback: str | None) -> str:
+    """How a validation begun paired ran: `PAIRED`; or, where it could not go on (`fallback`: why), paired for the
+    rounds it ran in full, then interleaved launches."""
+    if fallback is None:
+        return PAIRED
+    if not paired_rounds:
+        return f"interleaved launches: {fallback}"
+    return f"{PAIRED} for {paired_rounds} of {rounds} rounds, then interleaved launches: {fallback}"
+
+
 def interleaved(arms: Sequence[Arm], repeats: int, run: int) -> list[ValidationMark]:
     """Every arm `repeats` times, round by round (A B C A B C ...): drift of the machine over the validation then
     hits every arm alike."""
@@ -52,12 +99,14 @@ def interleaved(arms: Sequence[Arm], repeats: int, run: int) -> list[ValidationM
 @dataclass(frozen=True)
 class GainInterval:
     """A ratio of two configurations' carried loads (the geometric means of their repeats) with its 95%
-    confidence interval (Welch's t on the log values) and the repeats behind each side."""
+    confidence interval (Welch's t on the log values, or the paired t on the rounds' log ratios) and the repeats
+    behind each side."""
 
     ratio: float
     low: float
     high: float
     repeats: tuple[int, int]  # (the compared configuration's, the reference's)
+    paired: bool = False  # from paired rounds (the repeats are rounds, equal on both sides)
 
     @property
     def includes_one(self) -> bool:
@@ -68,22 +117,24 @@ class GainInterval:
         """`x1.02, 95% CI 0.97-1.07, 3 repeats each`; ends that no failing load bounded read `0-1.41` and `1.17 or
         more`."""
         a, b = self.repeats
-        each = f"{a} repeats each" if a == b else f"{a} and {b} repeats"
+        each = f"{a} paired rounds" if self.paired else f"{a} repeats each" if a == b else f"{a} and {b} repeats"
         low = "0" if self.low == 0 else f"{self.low:.2f}"
         ends = f"{low} or more" if math.isinf(self.high) else f"{low}-{self.high:.2f}"
         return f"x{self.ratio:.2f}, {CONFIDENCE:.0%} CI {ends}, {each}"
 
     def to_dict(self) -> dict[str, Any]:
-        """For programs: the ratio, the interval's ends (the high one None where unbounded), the repeats and the
-        confidence level."""
+        """For programs: the ratio, the interval's ends (the high one None where unbounded), the repeats, whether
+        they were paired rounds, and the confidence level."""
         return {"ratio": self.ratio, "low": self.low, "high": None if math.isinf(self.high) else self.high,
-                "repeats": list(self.repeats), "confidence": CONFIDENCE}
+                "repeats": list(self.repeats), "paired": self.paired, "confidence": CONFIDENCE}
 
 
 def gain_interval(values: Sequence[float], reference: Sequence[float], resolution: float = 0.0,
-                  brackets: tuple[float, float] = (0.0, 0.0)) -> GainInterval:
+                  brackets: tuple[float, float] = (0.0, 0.0), paired: bool = False) -> GainInterval:
     """How much more `values` carries than `reference` (every value above 0, at least 2 of each): the ratio of
-    geometric means and its Welch t-interval on the logs, widened where narrower to the measurement's
+    geometric means and its Welch t-interval on the logs or, `paired` (values[i] measured beside reference[i], in
+    one round), the paired t-interval on the rounds' log ratios, which drift common to a round cancels from;
+    either widened where narrower to the measurement's
     `resolution` (a load search tells apart no capacities within its precision: 0.1 = 10%), which repeats that
     happen to agree cannot make finer. `brackets`: how far above the geometric mean of its values each side's
     may lie (`ArmResult.bracket`: 0.42 for searches that passed 16.3 req/s and failed 23.1; infinite where no
@@ -94,20 +145,26 @@ def gain_interval(values: Sequence[float], reference: Sequence[float], resolutio
 
     if min(len(values), len(reference)) < 2 or min(*values, *reference) <= 0:
         raise ValueError("an interval needs at least 2 values above 0 on each side")
+    if paired and len(values) != len(reference):
+        raise ValueError("paired values come in pairs: one of each side per round")
     logs_a, logs_b = [math.log(v) for v in values], [math.log(v) for v in reference]
     diff = statistics.fmean(logs_a) - statistics.fmean(logs_b)
-    if len(set(logs_a)) == 1 and len(set(logs_b)) == 1:  # identical repeats on both sides: nothing to widen by
+    # What the t-test sees vary: the rounds' log ratios when paired, else each side's repeats.
+    spread = (len({a - b for a, b in zip(logs_a, logs_b)}) > 1 if paired
+              else len(set(logs_a)) > 1 or len(set(logs_b)) > 1)
+    if not spread:  # identical ratios, or identical repeats on both sides: nothing to widen by
         low = high = diff
     else:
         # Repeats of one side that agree exactly are common (capacities lie on the search's grid of loads): scipy
         # warns of a precision loss there, but their variance is exactly 0 and the interval is right.
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", "Precision loss occurred", RuntimeWarning)
-            interval = stats.ttest_ind(logs_a, logs_b, equal_var=False).confidence_interval(CONFIDENCE)
+            test = stats.ttest_rel(logs_a, logs_b) if paired else stats.ttest_ind(logs_a, logs_b, equal_var=False)
+            interval = test.confidence_interval(CONFIDENCE)
         low, high = float(interval.low), float(interval.high)
     above, below = (math.log1p(max(resolution, bracket)) for bracket in brackets)
     return GainInterval(math.exp(diff), math.exp(min(low, diff - below)), math.exp(max(high, diff + above)),
-                        (len(values), len(reference)))
+                        (len(values), len(reference)), paired)
 
 
 @dataclass(frozen=True)
@@ -122,6 +179,7 @@ class ArmResult:
     # Per launch, how far above its value the first load that did not pass lay (edge / capacity - 1); infinite
     # where no load above it failed; 0 where it carried none or did not search.
     brackets: tuple[float, ...] = ()
+    rounds: tuple[int, ...] = ()  # per launch, its round (`ValidationMark.round`): what pairs it with another arm's
 
     @property
     def bracket(self) -> float:
@@ -180,6 +238,10 @@ class Validation:
     order: tuple[int, ...]  # the trial numbers in the order they ran
     unit: str  # what the values are: "req/s within the boundary" or "completed req/s"
     resolution: float = 0.0  # values within this share of each other cannot be told apart (see gain_interval)
+    paired: bool = False  # every launch measured was a paired round (`ValidationMark.paired`): the gain pairs them
+    # How its launches ran and, where not paired, why (`Pairing.text`), as the runner that ran them said; None when
+    # judged from the stored trials alone.
+    design: str | None = None
 
     @property
     def default(self) -> ArmResult:
@@ -211,7 +273,12 @@ class Validation:
         a, b = arm, self.default
         if not (a.carried_every_time and b.carried_every_time and len(a.values) >= 2 and len(b.values) >= 2):
             return None
-        return gain_interval(a.values, b.values, self.resolution, (a.bracket, b.bracket))
+        values, reference = a.values, b.values
+        if self.paired:  # each round's values side by side
+            mine, theirs = dict(zip(a.rounds, a.values)), dict(zip(b.rounds, b.values))
+            both = sorted(mine.keys() & theirs.keys())
+            values, reference = tuple(mine[r] for r in both), tuple(theirs[r] for r in both)
+        return gain_interval(values, reference, self.resolution, (a.bracket, b.bracket), paired=self.paired)
 
     def arm_of(self, trial: int) -> ArmResult | None:
         """The arm that validated search trial `trial`; None where none did."""
@@ -257,6 +324,10 @@ class Validation:
                     f"{gain.text()}): keep it")
         return f"vLLM's default is within noise of the best configuration found ({f.arm.label}: {gain.text()}): keep it"
 
+    def verdict(self) -> str:
+        """The sentence and, on a line of its own, how the launches ran where the runner said (`design`)."""
+        return self.sentence() + (f"\n{self.design}" if self.design else "")
+
     def launches_text(self) -> str:
         """What each arm carried launch by launch and, after a load search, the lowest load above each that did not
         pass: `launch by launch, in req/s within the boundary, each with the lowest load above it that did not pass:
@@ -271,7 +342,7 @@ class Validation:
         """For programs: the arms, the order, the gain with its interval, and the verdict."""
         gain = self.gain
         return {"run": self.run, "repeats": self.repeats, "unit": self.unit, "complete": self.complete,
-                "against_itself": self.against_itself, "arms": [a.to_dict() for a in self.arms],
+                "against_itself": self.against_itself, "paired": self.paired, "arms": [a.to_dict() for a in self.arms],
                 "order": list(self.order), "gain": gain.to_dict() if gain else None,
                 "keep_default": self.keep_default, "recommended": self.winner.arm.label,
                 "sentence": self.sentence()}
@@ -318,9 +389,10 @@ def latest_validation(trials: Sequence[StoredTrial], searched: bool, resolution:
 
 def _judge(run: int, marked: list[StoredTrial], searched: bool, resolution: float) -> Validation:
     arms: dict[int, Arm] = {}
-    launches: dict[int, list[tuple[int, float, float]]] = {}
+    launches: dict[int, list[tuple[int, float, float, int]]] = {}
     failures: dict[int, list[str]] = {}
     order = []
+    paired = []
     for t in marked:
         mark = t.validation
         assert mark is not None
@@ -329,14 +401,17 @@ def _judge(run: int, marked: list[StoredTrial], searched: bool, resolution: floa
         if value is None:
             continue
         order.append(t.trial_number)
-        launches.setdefault(mark.arm, []).append((t.trial_number, value, launch_bracket(t)))
+        paired.append(mark.paired)
+        launches.setdefault(mark.arm, []).append((t.trial_number, value, launch_bracket(t), mark.round))
         if t.state is TrialState.FAILED:
             failures.setdefault(mark.arm, []).append(t.failure_class or "failed")
     repeats = max(t.validation.repeats for t in marked if t.validation is not None)
-    results = tuple(ArmResult(arm, tuple(n for n, _, _ in launches.get(i, [])),
-                              tuple(v for _, v, _ in launches.get(i, [])), tuple(failures.get(i, [])),
-                              tuple(b for _, _, b in launches.get(i, []))) for i, arm in sorted(arms.items()))
-    return Validation(run, repeats, results, tuple(order), _unit(searched), resolution)
+    results = tuple(ArmResult(arm, tuple(n for n, _, _, _ in launches.get(i, [])),
+                              tuple(v for _, v, _, _ in launches.get(i, [])), tuple(failures.get(i, [])),
+                              tuple(b for _, _, b, _ in launches.get(i, [])),
+                              tuple(r for _, _, _, r in launches.get(i, []))) for i, arm in sorted(arms.items()))
+    # Rounds of a paired validation that fell back to interleaved launches part-way are no pairs: Welch's then.
+    return Validation(run, repeats, results, tuple(order), _unit(searched), resolution, bool(paired) and all(paired))
 
 
 def unstarted(run: int, repeats: int, arms: Sequence[Arm], searched: bool, resolution: float = 0.0) -> Validation:

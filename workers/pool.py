@@ -18,6 +18,7 @@ import os
 import platform
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from tuner.errors import TunerError
 from tuner.workers.cpu_engine import cpu_engine_env, usable_cores
+from tuner.workers.paired import PairedSpec, run_paired
 from tuner.workers.probe_log import PROBE_LOG
 from tuner.workers.trial import ARTIFACTS, TrialOutcome, TrialSpec, run_trial
 
@@ -56,6 +58,15 @@ class WorkerResult:
     files: dict[str, bytes]
     node: str
     slot: int
+
+
+@dataclass(frozen=True)
+class PairedResult:
+    """What a worker gives back for a paired validation (`workers.paired`): one result per arm of each round run in
+    full, round by round, and why the rest could not run paired (None when every round ran)."""
+
+    rounds: tuple[tuple[WorkerResult, ...], ...]
+    fallback: str | None
 
 
 def _staging_dir(out_dir: Path) -> Path:
@@ -100,15 +111,37 @@ class TrialWorker:
         """The Ray node id this actor runs on."""
         return ray.get_runtime_context().get_node_id()
 
+    def _placed(self, spec: TrialSpec) -> TrialSpec:
+        """`spec` as this slot runs it: on its share of the CPU and, off the driver's node, written in staging."""
+        out_dir = spec.out_dir if self.on_driver_node else _staging_dir(spec.out_dir)
+        return replace(spec, out_dir=out_dir, env={**spec.env, **self.env})
+
+    def _files(self, spec: TrialSpec) -> dict[str, bytes]:
+        """The files of placed `spec` for the driver: none on its node (they are in place)."""
+        return {} if self.on_driver_node else _take_files(spec.out_dir)
+
     def run(self, spec: TrialSpec) -> WorkerResult:
         """Run `spec` on this slot (on its share of the CPU) and return the outcome; off the driver's node the trial
         is written in staging and its files come back in the result. run_trial's errors propagate."""
-        out_dir = spec.out_dir if self.on_driver_node else _staging_dir(spec.out_dir)
+        placed = self._placed(spec)
         try:
-            outcome = run_trial(replace(spec, out_dir=out_dir, env={**spec.env, **self.env}))
+            outcome = run_trial(placed)
         finally:
-            files = {} if self.on_driver_node else _take_files(out_dir)
+            files = self._files(placed)
         return WorkerResult(outcome, files, platform.node(), self.slot.index)
+
+    def run_paired(self, spec: PairedSpec) -> PairedResult:
+        """Run the paired validation `spec` on this slot (`run_paired`), each round's files as `run` has a trial's."""
+        placed = PairedSpec(tuple(tuple(self._placed(s) for s in specs) for specs in spec.rounds))
+        try:
+            outcome = run_paired(placed)
+        finally:
+            files = [[self._files(s) for s in specs] for specs in placed.rounds]
+        node = platform.node()
+        rounds = tuple(tuple(WorkerResult(arm_outcome, arm_files, node, self.slot.index)
+                             for arm_outcome, arm_files in zip(round_outcomes, round_files))
+                       for round_outcomes, round_files in zip(outcome.rounds, files))
+        return PairedResult(rounds, outcome.fallback)
 
 
 def connect_ray(address: str | None, num_cpus: int | None, num_gpus: int | None = None) -> bool:
@@ -182,6 +215,24 @@ class WorkerPool:
         spec = replace(spec, out_dir=spec.out_dir.absolute())
         self._out_dirs[slot] = spec.out_dir
         return self._actors[slot].run.remote(spec)
+
+    def run_paired(self, slot: int, spec: PairedSpec, stop_reason: Callable[[], str | None],
+                   poll_s: float) -> PairedResult | str:
+        """Run the paired validation `spec` on the slot's actor (its folders made absolute) and wait for it, asking
+        `stop_reason` every `poll_s` seconds: once it gives one, the actor is killed (and every engine with it) and the
+        reason returned. Raises WorkerLost if the actor dies meanwhile."""
+        spec = PairedSpec(tuple(tuple(replace(s, out_dir=s.out_dir.absolute()) for s in specs)
+                                for specs in spec.rounds))
+        self._out_dirs[slot] = spec.rounds[0][0].out_dir
+        ref = self._actors[slot].run_paired.remote(spec)
+        while True:
+            ready, _ = ray.wait([ref], timeout=poll_s)
+            if ready:
+                return ray.get(ref)
+            reason = stop_reason()
+            if reason is not None:
+                self.kill_worker(slot)
+                return reason
 
     def bring_back_files(self, slot: int) -> None:
         """Into the driver's trial folder, what the slot's last trial left on its worker's node, once that worker

@@ -1,7 +1,7 @@
 """Validation on real vLLM (CPU build) and the tiny model: a study whose only other configuration carries far
-less than vLLM's default validates it at the end of `study run` (launches stored, marked and interleaved, an
-interval computed) and keeps the default; an A/A check of the default against itself gives an interval that
-includes 1."""
+less than vLLM's default validates it at the end of `study run` (launches stored, marked and interleaved, since the
+CPU build has no sleep mode to pair them with, as the verdict says; an interval computed) and keeps the default; an
+A/A check of the default against itself gives an interval that includes 1."""
 
 from __future__ import annotations
 
@@ -64,7 +64,7 @@ def test_validation_launches_are_stored_marked_and_interleaved(kept):
     exported = json.loads(tuner("study", "export", "kept", *common).stdout)
     marks = {t["trial_number"]: t["validation"] for t in exported["trials"]}
     assert marks[0] is None and marks[1] is None
-    assert marks[3] == {"run": 1, "round": 1, "repeats": 2, "arm": 1, "of_trial": 1}
+    assert marks[3] == {"run": 1, "round": 1, "repeats": 2, "arm": 1, "of_trial": 1, "paired": False}
     # The validation launches ran in the recorded order, each after the one before it had finished.
     started = {t["trial_number"]: t["started_at"] for t in exported["trials"]}
     finished = {t["trial_number"]: t["finished_at"] for t in exported["trials"]}
@@ -104,7 +104,10 @@ def test_a_study_whose_best_is_the_default_says_keep_it_with_the_defaults_comman
     assert gain["ratio"] == pytest.approx(geometric_mean(single["values"]) / geometric_mean(default["values"]))
     said = ("vLLM's default carries at least as much as the best configuration found (trial 1: x" if gain["ratio"] <= 1
             else "vLLM's default is within noise of the best configuration found (trial 1: x")
-    assert kept["run"]["validation"].startswith(said) and kept["run"]["validation"].endswith(": keep it")
+    sentence, design = kept["run"]["validation"].splitlines()
+    assert sentence.startswith(said) and sentence.endswith(": keep it")
+    # The CPU build has no sleep mode: the platform decided for interleaved launches, and the verdict says why.
+    assert design == "interleaved launches: vLLM's CPU build has no sleep mode"
     # The report shows where the interval comes from, launch by launch (at a fixed load no bracket is added).
     launches = "; ".join(f"{label} {', '.join(f'{v:.3g}' for v in arm['values'])}"
                          for label, arm in (("vLLM's default", default), ("trial 1", single)))
@@ -131,8 +134,10 @@ def test_the_a_a_check_interval_includes_one(tiny_model, tmp_path):
     # The baseline queued at creation runs first, then the default twice per round.
     assert [t["validation"] and t["validation"]["arm"] for t in result["trials"]] == [None, 0, 1, 0, 1]
     assert all(t["state"] == "complete" and t["score"]["capacity"]["rps"] for t in result["trials"])
-    assert result["validation"].startswith("A/A check: vLLM's default against itself (x")
-    assert result["validation"].endswith("the interval includes 1, as it must for identical configurations")
+    sentence, design = result["validation"].splitlines()
+    assert sentence.startswith("A/A check: vLLM's default against itself (x")
+    assert sentence.endswith("the interval includes 1, as it must for identical configurations")
+    assert design == "interleaved launches: vLLM's CPU build has no sleep mode"
     # Each launch starts its search where the baseline's capacity was found: right after the reference load, where
     # the reference's verdict leaves that capacity open (above the reference if it passed, below if it failed; a
     # capacity at the reference load itself was probed by the reference).

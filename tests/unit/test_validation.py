@@ -15,7 +15,8 @@ from scipy import stats
 from factories import MACHINE, measurement
 from tuner.scoring import Capacity, Score
 from tuner.storage import StoredTrial, TrialState, ValidationMark
-from tuner.validation import Arm, ArmResult, Validation, gain_interval, interleaved, latest_validation, validations
+from tuner.validation import (Arm, ArmResult, Pairing, Validation, gain_interval, interleaved, latest_validation,
+                              paired_design, pairing, validations)
 from tuner.workers.engine_config import EngineConfig
 
 UNIT = "req/s within the boundary"
@@ -210,3 +211,68 @@ def test_the_launches_are_told_one_by_one_with_where_each_bracket_ended():
     # At a fixed load there is no bracket to tell.
     assert _validation((2.0, 2.1), (2.9, 3.1)).launches_text() == (
         "launch by launch, in req/s within the boundary: vLLM's default 2, 2.1; trial 3 2.9, 3.1")
+
+
+def test_the_paired_interval_is_the_t_interval_on_the_rounds_log_ratios():
+    finalist, default = [3.0, 3.3, 2.8], [2.0, 2.1, 1.9]  # round by round
+    found = gain_interval(finalist, default, paired=True)
+    # By hand: the log ratios ln 1.5, ln(3.3/2.1), ln(2.8/1.9) = 0.40547, 0.45199, 0.38777 have mean 0.41507 and
+    # standard deviation 0.033170; t(0.975, 2 degrees of freedom) = 4.3027, so the half-width is
+    # 4.3027 * 0.033170 / sqrt(3) = 0.08240 and the interval exp(0.41507 -+ 0.08240) = 1.3947 to 1.6446.
+    assert found.ratio == pytest.approx(1.5145, abs=1e-4)
+    assert (found.low, found.high) == pytest.approx((1.3947, 1.6446), abs=1e-4)
+    assert found.paired and found.repeats == (3, 3) and found.text() == "x1.51, 95% CI 1.39-1.64, 3 paired rounds"
+    assert found.to_dict()["paired"] is True
+    # The same records taken as independent launches: Welch's interval, exp(0.2465) to exp(0.5837), is wider.
+    welch = gain_interval(finalist, default)
+    assert (welch.low, welch.high) == pytest.approx((1.2795, 1.7926), abs=1e-4) and not welch.paired
+    # A drift common to a round cancels from its ratio: every round 10% apart leaves nothing to widen by but the
+    # search's resolution, where Welch's reads the rounds' spread as noise and includes 1.
+    drifting = gain_interval([2.2, 3.3, 2.75], [2.0, 3.0, 2.5], resolution=0.05, paired=True)
+    assert (drifting.low, drifting.high) == pytest.approx((1.1 / 1.05, 1.1 * 1.05))
+    assert gain_interval([2.2, 3.3, 2.75], [2.0, 3.0, 2.5], resolution=0.05).includes_one
+    with pytest.raises(ValueError, match="pairs"):
+        gain_interval([2.0, 2.1, 2.2], [1.0, 1.1], paired=True)
+
+
+def test_a_paired_validation_pairs_each_rounds_launches_and_a_fallback_part_way_does_not():
+    marks = [dataclasses.replace(m, paired=True) for m in interleaved([Arm(0, None), Arm(1, 3)], 3, run=1)]
+    capacities = (2.0, 3.0, 2.1, 3.3, 1.9, 2.8)  # default, trial 3, round by round
+    trials = [_trial(number, mark, TrialState.COMPLETE, rps, rps * 1.01)
+              for number, mark, rps in zip(range(6, 12), marks, capacities)]
+    (v,) = validations(trials, searched=True, resolution=0.01)
+    assert v.paired and v.default.rounds == (1, 2, 3) and v.to_dict()["paired"]
+    assert v.gain == gain_interval([3.0, 3.3, 2.8], [2.0, 2.1, 1.9], 0.01, (v.arms[1].bracket, v.default.bracket),
+                                   paired=True)
+    assert v.sentence() == "trial 3 carries more than vLLM's default (x1.51, 95% CI 1.39-1.64, 3 paired rounds): " \
+                           "recommended"
+    # Round 3 ran as interleaved launches after the pairing fell back: no pairs then, Welch's on every launch.
+    fell_back = trials[:4] + [dataclasses.replace(t, validation=dataclasses.replace(t.validation, paired=False))
+                              for t in trials[4:]]
+    (mixed,) = validations(fell_back, searched=True, resolution=0.01)
+    assert not mixed.paired and not mixed.gain.paired and mixed.gain.text().endswith("3 repeats each")
+    # How the launches ran follows the verdict on a line of its own, where the runner said.
+    said = dataclasses.replace(v, design="paired on one engine pair with sleep mode")
+    assert said.verdict() == v.sentence() + "\npaired on one engine pair with sleep mode"
+    assert v.verdict() == v.sentence()
+
+
+def test_a_mark_stored_before_pairing_came_reads_as_interleaved():
+    old = {"run": 1, "round": 2, "repeats": 2, "arm": 1, "of_trial": 3}
+    assert ValidationMark.from_dict(old) == ValidationMark(1, 2, 2, 1, 3) and not ValidationMark.from_dict(old).paired
+    assert ValidationMark.from_dict({**old, "paired": True}).paired
+
+
+def test_a_validation_pairs_on_a_gpu_with_sleep_mode_and_says_why_not_elsewhere():
+    assert pairing(2, slot_gpus=1, sleep_mode=True) == Pairing(True, "")
+    assert pairing(2, 1, True).text == "paired on one engine pair with sleep mode"
+    assert pairing(2, 0, True).text == "interleaved launches: vLLM's CPU build has no sleep mode"
+    assert pairing(2, 1, False).text == "interleaved launches: the installed vLLM serves no sleep mode endpoints"
+    assert pairing(3, 1, True).text == "interleaved launches: paired validation takes two configurations, this one 3"
+    assert pairing(2, 1, True, wanted=False).text == "interleaved launches: pairing turned off (--no-pairing)"
+    # Begun paired: how it ran in the end.
+    assert paired_design(3, 3, None) == "paired on one engine pair with sleep mode"
+    assert paired_design(0, 3, "engine 2 of 2 did not start") == "interleaved launches: engine 2 of 2 did not start"
+    assert paired_design(1, 3, "POST /wake_up answered 500") == (
+        "paired on one engine pair with sleep mode for 1 of 3 rounds, then interleaved launches: POST /wake_up "
+        "answered 500")

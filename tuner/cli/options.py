@@ -123,3 +123,6 @@ def study_answers(server: str | None, token_file: Path | None, storage: str | No
 TopOption = Annotated[int, typer.Option(min=1, help="Validate this many of the best feasible configurations.")]
 RepeatsOption = Annotated[int, typer.Option(min=2, help="Launches of each validated configuration and of vLLM's "
                                                         "default (at least 2, for an interval).")]
+PairingOption = Annotated[bool, typer.Option(help="Where the slot has a GPU and vLLM has sleep mode, validate one "
+                                                  "engine per configuration, the two taking turns, each load probed "
+                                                  "on both back to back; --no-pairing launches them interleaved.")]

@@ -1,0 +1,277 @@
+"""Paired validation on one GPU: one engine per arm (vLLM's default and the finalist), launched once each with vLLM's
+sleep mode, taking turns. In each round, for each step of the arms' load searches, every arm in turn is woken,
+warmed up, probed at its search's next load and put back to sleep, so the arms' probes of a step run back to back,
+seconds apart, and a drift of the machine hits both.
+
+What vLLM 0.24 offers, as its code says (the GPU build; docs/validation.md has the details):
+
+- `--enable-sleep-mode` (vllm/engine/arg_utils.py), refused where `Platform.is_sleep_mode_available` is False
+  (vllm/platforms/interface.py: CUDA, ROCm and XPU only; the CPU build has none), turns on the cumem allocator that
+  the weights and the KV cache are allocated through (vllm/config/model.py, vllm/v1/worker/gpu_worker.py).
+- `POST /sleep?level=1`, `POST /wake_up`, `GET /is_sleeping` (vllm/entrypoints/serve/dev/sleep/api_router.py), mounted
+  only with VLLM_SERVER_DEV_MODE=1 (vllm/entrypoints/openai/api_server.py); each answers once the engine is done.
+- Level 1 aborts what is in flight, resets the prefix cache (`EngineCore.sleep` pauses the scheduler with
+  clear_cache), copies the weights to pinned CPU memory and drops the KV cache (vllm/device_allocator/cumem.py). The
+  CUDA graphs, the CUDA context and what else PyTorch allocated stay on the GPU.
+- An engine starts only where the GPU has `gpu_memory_utilization` of its memory free (`request_memory`,
+  vllm/v1/worker/utils.py), and sizes its KV cache from that share, not from what is free: so every engine is launched
+  while the others sleep, and gets the KV cache it would get alone.
+
+The rounds' records are those of launches (`trial_record`), each with the probes of its round: its startup is the
+engine's launch (first round) and its wake-ups, its replay the warm-ups and probes, its teardown its sleeps and, in
+the last round, the engine's stop.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import shutil
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+import httpx
+
+from tuner.hardware import HardwareInfo, detect_hardware
+from tuner.models import inspect_model
+from tuner.workers.compile_cache import compile_cache_state
+from tuner.workers.failures import EngineFailure
+from tuner.workers.launch import EngineLaunchError, RunningEngine, read_log, start_engine
+from tuner.workers.measure import TrialTimings
+from tuner.workers.probes import LoadPlan, ProbeRun, run_probes
+from tuner.workers.trial import TrialOutcome, TrialSpec, died_during, trial_record, write_artifacts
+
+SLEEP_MODE_FLAG = "--enable-sleep-mode"
+# vLLM mounts /sleep, /wake_up and /is_sleeping only in its development mode.
+SLEEP_ENDPOINTS_ENV = {"VLLM_SERVER_DEV_MODE": "1"}
+# Level 1 keeps the weights (in CPU memory) for the wake-up; level 2 would have to reload them.
+SLEEP_LEVEL = 1
+
+
+class SleepModeRefused(Exception):
+    """An engine did not go to sleep or wake up when asked: the pairing cannot go on."""
+
+
+@dataclass(frozen=True)
+class PairedSpec:
+    """A paired validation: each round's trials, one per arm in the arms' order (`rounds[r][arm]`). An arm's engine
+    is launched from its first round's spec (configuration, flags, environment, timeouts, log in its folder); each
+    round's spec brings its own load plan and folder."""
+
+    rounds: tuple[tuple[TrialSpec, ...], ...]
+
+
+@dataclass(frozen=True)
+class PairedOutcome:
+    """The rounds run in full (`rounds[r][arm]`, each a launch's outcome), and why the rest could not run paired
+    (None when every round ran): those are for interleaved launches to measure."""
+
+    rounds: tuple[tuple[TrialOutcome, ...], ...]
+    fallback: str | None
+
+
+def round_order(arms: int, round_number: int) -> list[int]:
+    """The order the arms take their turns in, in each step of round `round_number` (from 1): as given in odd rounds,
+    reversed in even ones, so that no arm always probes right after the other."""
+    order = list(range(arms))
+    return order if round_number % 2 else order[::-1]
+
+
+@dataclass(frozen=True)
+class OneStep:
+    """A load plan run one probe at a time: the probe `plan` asks for after the `done` probes it has, then none."""
+
+    plan: LoadPlan
+    done: int
+
+    @property
+    def warmup_requests(self) -> int:
+        """The plan's warm-up, before each probe: the engine was asleep, its KV cache dropped."""
+        return self.plan.warmup_requests
+
+    @property
+    def min_requests(self) -> int:
+        """The plan's requests per probe."""
+        return self.plan.min_requests
+
+    @property
+    def min_span_s(self) -> float:
+        """The plan's least probe duration."""
+        return self.plan.min_span_s
+
+    def next_factor(self, runs: Sequence[ProbeRun]) -> float | None:
+        """The plan's next load once, after its `done` probes."""
+        return self.plan.next_factor(runs) if len(runs) == self.done else None
+
+
+@functools.cache
+def sleep_mode_served() -> bool:
+    """Whether the installed vLLM's server declares the sleep endpoints (a `"/sleep"` route among its entrypoints),
+    read without importing vLLM, as `launch.per_request_metrics_supported` reads its flags."""
+    spec = importlib.util.find_spec("vllm")
+    return spec is not None and declares_sleep_route(spec.submodule_search_locations or ())
+
+
+def declares_sleep_route(package_dirs: Iterable[str | Path]) -> bool:
+    """Whether the vLLM package at one of these folders routes `"/sleep"` in its entrypoints (0.24:
+    entrypoints/serve/dev/sleep/api_router.py)."""
+    for root in package_dirs:
+        for path in sorted((Path(root) / "entrypoints").rglob("*.py")):
+            try:
+                if '"/sleep"' in path.read_text(errors="replace"):
+                    return True
+            except OSError:
+                continue
+    return False
+
+
+def launch_with_sleep_mode(spec: TrialSpec) -> RunningEngine:
+    """vLLM for `spec`'s configuration, with sleep mode and its endpoints, logging into its folder's server.log."""
+    return start_engine(spec.model, spec.config, spec.out_dir / "server.log", startup_timeout_s=spec.startup_timeout_s,
+                        extra_args=[*spec.extra_args, SLEEP_MODE_FLAG], env={**spec.env, **SLEEP_ENDPOINTS_ENV})
+
+
+def _post(engine: RunningEngine, path: str, timeout_s: float) -> None:
+    try:
+        response = httpx.post(f"{engine.base_url}{path}", timeout=timeout_s)
+    except httpx.HTTPError as exc:
+        raise SleepModeRefused(f"POST {path} got no answer: {exc.__class__.__name__}") from None
+    if response.status_code == 404:
+        raise SleepModeRefused(f"POST {path} is not served (vLLM serves it with VLLM_SERVER_DEV_MODE=1)")
+    if response.status_code != 200:
+        raise SleepModeRefused(f"POST {path} answered {response.status_code}: {response.text[:300]}")
+
+
+def _asleep(engine: RunningEngine) -> bool | None:
+    """What GET /is_sleeping says; None where it says nothing readable."""
+    try:
+        return bool(httpx.get(f"{engine.base_url}/is_sleeping", timeout=30.0).json()["is_sleeping"])
+    except (httpx.HTTPError, ValueError, KeyError, TypeError):
+        return None
+
+
+def put_to_sleep(engine: RunningEngine, timeout_s: float) -> float:
+    """POST /sleep at level 1 and check that the engine says it sleeps; the seconds it took. SleepModeRefused where
+    it did not."""
+    started = time.monotonic()
+    _post(engine, f"/sleep?level={SLEEP_LEVEL}", timeout_s)
+    if _asleep(engine) is not True:
+        raise SleepModeRefused("POST /sleep answered, but GET /is_sleeping does not say it sleeps")
+    return time.monotonic() - started
+
+
+def wake_up(engine: RunningEngine, timeout_s: float) -> float:
+    """POST /wake_up (every tag: weights and KV cache) and check that the engine says it is awake; the seconds it
+    took. SleepModeRefused where it did not (no room on the GPU for its memory, say)."""
+    started = time.monotonic()
+    _post(engine, "/wake_up", timeout_s)
+    if _asleep(engine) is not False:
+        raise SleepModeRefused("POST /wake_up answered, but GET /is_sleeping does not say it is awake")
+    return time.monotonic() - started
+
+
+@dataclass
+class _ArmRound:
+    """One arm's round as it goes: when it began, where its time went, its probes, and the engine's death if it died."""
+
+    started_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    startup_s: float = 0.0
+    replay_s: float = 0.0
+    teardown_s: float = 0.0
+    runs: list[ProbeRun] = field(default_factory=list)
+    failure: EngineFailure | None = None
+
+
+def run_paired(spec: PairedSpec, *,
+               launch: Callable[[TrialSpec], RunningEngine] = launch_with_sleep_mode) -> PairedOutcome:
+    """Launch one engine per arm, each put to sleep before the next starts, then run the rounds (`_probe_round`),
+    and stop every engine on every path, before this returns. A launch, sleep or wake-up that fails ends the pairing:
+    the rounds run in full come back, with the reason. Each round's files are written in its spec's folder."""
+    first = spec.rounds[0]
+    vocab_size = inspect_model(first[0].model).vocab_size
+    hardware = detect_hardware()
+    engines: list[RunningEngine] = []
+    done: list[list[_ArmRound]] = []
+    fallback = None
+    try:
+        launched = []
+        for arm, arm_spec in enumerate(first):
+            current = _ArmRound()
+            try:
+                engine = launch(arm_spec)
+            except EngineLaunchError as exc:
+                asleep = ", ".join(str(k + 1) for k in range(arm))
+                beside = f" while engine{'s' if arm > 1 else ''} {asleep} slept" if arm else ""
+                fallback = (f"engine {arm + 1} of {len(first)} did not start with sleep mode{beside} "
+                            f"({exc.failure.kind.value}: {exc.failure.message})")
+                break
+            engines.append(engine)
+            current.startup_s = engine.startup_s
+            current.teardown_s = put_to_sleep(engine, arm_spec.startup_timeout_s)
+            launched.append(current)
+        for number, specs in enumerate(spec.rounds, start=1):
+            if fallback is not None:
+                break
+            arm_rounds = launched if number == 1 else [_ArmRound() for _ in specs]
+            _probe_round(engines, specs, arm_rounds, round_order(len(specs), number), vocab_size)
+            done.append(arm_rounds)
+            dead = [arm for arm, a in enumerate(arm_rounds) if a.failure is not None]
+            if dead and number < len(spec.rounds):
+                failure = arm_rounds[dead[0]].failure
+                assert failure is not None
+                fallback = f"engine {dead[0] + 1} died in round {number} ({failure.kind.value})"
+    except SleepModeRefused as exc:
+        fallback = str(exc)
+    finally:
+        stopped = [engine.stop() for engine in engines]
+    if done:
+        for arm_round, stop_s in zip(done[-1], stopped):
+            arm_round.teardown_s += stop_s
+    return PairedOutcome(tuple(tuple(_outcome(specs[arm], arm_round, engines[arm], first[arm], hardware)
+                                     for arm, arm_round in enumerate(arm_rounds))
+                               for specs, arm_rounds in zip(spec.rounds, done)), fallback)
+
+
+def _probe_round(engines: Sequence[RunningEngine], specs: Sequence[TrialSpec], arm_rounds: Sequence[_ArmRound],
+                 order: Sequence[int], vocab_size: int) -> None:
+    """One round: step by step, each arm in `order` whose search asks for another load (and whose engine lives) is
+    woken, warmed up and probed once, and put back to sleep, until no search asks for more."""
+    while True:
+        stepped = False
+        for arm in order:
+            engine, spec, current = engines[arm], specs[arm], arm_rounds[arm]
+            if current.failure is not None or spec.load.next_factor(current.runs) is None:
+                continue
+            stepped = True
+            current.startup_s += wake_up(engine, spec.startup_timeout_s)
+            started = time.monotonic()
+            current.runs = run_probes(engine, spec.trace, vocab_size, OneStep(spec.load, len(current.runs)),
+                                      seed=spec.seed, request_timeout_s=spec.request_timeout_s,
+                                      stop_rule=spec.stop_rule, verdict_rule=spec.verdict_rule, earlier=current.runs)
+            current.replay_s += time.monotonic() - started
+            if died_during(engine, current.runs):
+                current.failure = engine.failure()
+                continue
+            current.teardown_s += put_to_sleep(engine, spec.startup_timeout_s)
+        if not stepped:
+            return
+
+
+def _outcome(spec: TrialSpec, arm_round: _ArmRound, engine: RunningEngine, first: TrialSpec,
+             hardware: HardwareInfo) -> TrialOutcome:
+    """An arm's round as a launch's outcome, its files in its folder: the engine's whole log (it ran every round)
+    beside its round's records."""
+    spec.out_dir.mkdir(parents=True, exist_ok=True)
+    log = first.out_dir / "server.log"
+    if spec.out_dir != first.out_dir and log.exists():
+        shutil.copyfile(log, spec.out_dir / "server.log")
+    timings = TrialTimings(arm_round.startup_s, arm_round.replay_s, arm_round.teardown_s,
+                           compile_cache_state(read_log(log)))
+    record = trial_record(spec, hardware, arm_round.started_at, timings, runs=arm_round.runs,
+                          failure=arm_round.failure, argv=engine.argv)
+    outcome = TrialOutcome(record, arm_round.runs, engine.launched_at)
+    write_artifacts(outcome, spec.out_dir)
+    return outcome
