@@ -116,13 +116,16 @@ class StudySettings:
 class ValidationMark:
     """What a validation launch (tuner.validation) is: which validation of the study (from 1), which round (from
     1; each arm is launched once per round, in the same order) of how many planned, which arm (0 is vLLM's
-    default), and the search trial whose configuration it launches again (None for vLLM's default)."""
+    default), the search trial whose configuration it launches again (None for vLLM's default), and whether it was
+    measured paired: one round of an engine that every arm's engine took turns with on one GPU, through vLLM's
+    sleep mode (`tuner.workers.paired`), rather than a launch of its own."""
 
     run: int
     round: int
     repeats: int
     arm: int
     of_trial: int | None
+    paired: bool = False  # rows stored before pairing came have no such key: their launches were interleaved
 
     @property
     def default(self) -> bool:
@@ -138,6 +141,40 @@ class ValidationMark:
         """The mark `to_dict` gave."""
         return cls(**data)
 
+
+
+@dataclass(frozen=True)
+class StoredRun:
+    """One `tuner study run` (or validation) on its slots: when it began and last ended a trial, how many slots it
+    held and of what kind, its budget if it had one, and the trials it ran. The slots' time the run held beyond its
+    trials' own is what they stood idle (`tuner.storage.spend`)."""
+
+    study_name: str
+    started_at: float  # time.time()
+    ended_at: float  # time.time() when it ended, or when it last ended a trial (a run that died keeps that)
+    slots: int
+    gpus_per_slot: int  # 0 for CPU slots
+    trials: tuple[int, ...] = ()  # the trial numbers it launched, validation launches included
+    budget_s: float | None = None  # the slots' time it was given (`--budget`), summed over slots
+    id: int | None = field(default=None, compare=False)  # the row's, once stored
+
+    @property
+    def held_s(self) -> float:
+        """The slots' time the run held, summed over its slots."""
+        return self.slots * max(0.0, self.ended_at - self.started_at)
+
+    def to_dict(self) -> dict[str, Any]:
+        """As stored, without the row's id."""
+        data = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "id"}
+        data["trials"] = list(self.trials)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> StoredRun:
+        """The run `to_dict` gave, with its row's id when `data` has one."""
+        values = {f.name: data[f.name] for f in fields(cls) if f.name in data}
+        values["trials"] = tuple(values.get("trials") or ())
+        return cls(**values)
 
 
 def _score_from_dict(data: dict[str, Any]) -> Score | Rejection | None:

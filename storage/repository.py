@@ -15,8 +15,8 @@ from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.exc import ArgumentError, IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from tuner.storage.records import StoredTrial, StudySettings
-from tuner.storage.schema import Base, RequestRow, StudyRow, TraceRow, TrialRow
+from tuner.storage.records import StoredRun, StoredTrial, StudySettings
+from tuner.storage.schema import Base, RequestRow, RunRow, StudyRow, TraceRow, TrialRow
 from tuner.storage.urls import redact_url
 from tuner.errors import NotFound, TunerError
 from tuner.traces.records import Trace
@@ -200,3 +200,28 @@ class Repository:
                 .where(TrialRow.study_id == study_id, TrialRow.trial_number == trial_number)
                 .order_by(RequestRow.index))
             return [_request(row) for row in rows]
+
+    # Runs
+
+    def save_run(self, run: StoredRun) -> StoredRun:
+        """Store a run, or update it where it has a row's id already (its end and trials grow as it goes); returns
+        it with its row's id."""
+        with self._transaction() as session:
+            values = run.to_dict()
+            values["study_id"] = self._study_row(session, values.pop("study_name")).id
+            if run.id is None:
+                row = RunRow(**values)
+                session.add(row)
+                session.flush()
+                return StoredRun.from_dict({**run.to_dict(), "id": row.id})
+            row = session.get_one(RunRow, run.id)
+            for key, value in values.items():
+                setattr(row, key, value)
+            return run
+
+    def runs(self, study_name: str) -> list[StoredRun]:
+        """The study's runs, the oldest first."""
+        with self._transaction() as session:
+            study = self._study_row(session, study_name)
+            rows = session.scalars(select(RunRow).where(RunRow.study_id == study.id).order_by(RunRow.id))
+            return [StoredRun.from_dict({**_columns(row), "study_name": study.name}) for row in rows]

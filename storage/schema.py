@@ -132,6 +132,21 @@ class RequestRow(Base):
     queue_s: Mapped[float | None] = mapped_column(Float)  # the server's own figure; none for older trials
 
 
+class RunRow(Base):
+    """One run of a study (a StoredRun's `to_dict`); it goes with its study."""
+
+    __tablename__ = "tuner_runs"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    study_id: Mapped[int] = mapped_column(ForeignKey("tuner_studies.id", ondelete="CASCADE"), index=True)
+    started_at: Mapped[float] = mapped_column(Float)
+    ended_at: Mapped[float] = mapped_column(Float)
+    slots: Mapped[int] = mapped_column(Integer)
+    gpus_per_slot: Mapped[int] = mapped_column(Integer)
+    trials: Mapped[list] = mapped_column(JSON)
+    budget_s: Mapped[float | None] = mapped_column(Float)
+
+
 class ScheduleRunRow(Base):
     """One run of a schedule (tuner.schedules writes it) and its morning summary."""
 

@@ -96,16 +96,17 @@ class RunBook:
         self._lock = threading.Lock()
 
     def start(self, study: str, trials: int | None, *, parallel: int | None = None, timeout_s: float | None = None,
-              window_s: float | None = None, prune: bool = True, validate: bool = True, top: int = 1,
-              repeats: int = 2) -> RunRecord:
+              window_s: float | None = None, budget_s: float | None = None, prune: bool = True,
+              validate: bool = True, top: int = 1, repeats: int = 2) -> RunRecord:
         """Start `tuner study run` for `study` as a child process with these options, its events in a folder of its own;
         the new run's record. The run goes on in the background."""
         run_id = uuid.uuid4().hex[:12]
         folder = self.runs_dir / run_id
         folder.mkdir(parents=True)
         record = RunRecord(run_id, study, trials, time.time())
-        argv = study_run_argv(study, trials=trials, window_s=window_s, timeout_s=timeout_s, parallel=parallel,
-                              prune=prune, validate=validate, top=top, repeats=repeats, events=folder / EVENTS_FILE)
+        argv = study_run_argv(study, trials=trials, window_s=window_s, timeout_s=timeout_s, budget_s=budget_s,
+                              parallel=parallel, prune=prune, validate=validate, top=top, repeats=repeats,
+                              events=folder / EVENTS_FILE)
         run = _Run(record, StudyRunChild.start(argv, run_env(self.plan), folder))
         with self._lock:
             self._runs[run_id] = run

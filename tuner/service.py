@@ -26,7 +26,7 @@ from tuner.schedules import ScheduleBook
 from tuner.storage import TrialState, ValidationMark
 from tuner.studies import (Answer, CapacityAnswer, Enqueued, JsonObject, LocalStudies, NoRecommendation, Number,
                            RecommendationAnswer, ReportAnswer, ScoreAnswer, StatedContext, StudyCreated, StudyListing,
-                           StudyRequest, StudyStatus)
+                           SpendAnswer, StudyRequest, StudyStatus)
 from tuner.supervisor import STOP_GRACE_S, RunState
 
 TOKEN_ENV = "TUNER_API_TOKEN"
@@ -73,6 +73,8 @@ class RunRequest(BaseModel):
     timeout_s: Optional[float] = Field(None, gt=0, le=1e8, description="Start no trial that would end later.")
     window_s: Optional[float] = Field(None, gt=0, le=1e8, description="As timeout_s, and stop any trial still "
                                                                        "running at its end.")
+    budget_s: Optional[float] = Field(None, gt=0, le=1e9, description="Slot time (GPU time) the run may spend, "
+                                                                       "summed over its slots, validation included.")
     prune: bool = True
     validate_: bool = Field(True, alias="validate", description="Then validate the best configurations against "
                                                                 "vLLM's default (`tuner study validate`).")
@@ -136,6 +138,7 @@ class RunReportAnswer(Answer):
     trials: list[TrialSummaryAnswer]
     stopped_early: Optional[str]
     validation: Optional[str]
+    spent: Optional[SpendAnswer] = Field(None, description="What the run's slots' time went to")
 
 
 class TrialInFlight(Answer):
@@ -325,7 +328,8 @@ def build_api(studies: LocalStudies, runs: RunBook, schedules: ScheduleBook, tok
         if request.timeout_s is not None and request.window_s is not None:
             raise TunerError("give timeout_s or window_s, not both")
         return RunAnswer.of(runs.start(name, request.trials, parallel=request.parallel, timeout_s=request.timeout_s,
-                                       window_s=request.window_s, prune=request.prune, validate=request.validate_,
+                                       window_s=request.window_s, budget_s=request.budget_s, prune=request.prune,
+                                       validate=request.validate_,
                                        top=request.top, repeats=request.repeats))
 
     @api.get("/runs", tags=["runs"], dependencies=guarded)

@@ -100,11 +100,12 @@ class RemoteStudies:
 
     def start_run(self, name: str, trials: int | None, parallel: int | None, timeout_s: float | None,
                   window_s: float | None, prune: bool, validate: bool = True, top: int = 1,
-                  repeats: int = 2) -> RunRecord:
+                  repeats: int = 2, budget_s: float | None = None) -> RunRecord:
         """Start `tuner study run` on the service with these options; the new run's record."""
         return RunRecord.from_dict(self.client.json("POST", f"/studies/{_quote(name)}/runs",
                                                     json={"trials": trials, "parallel": parallel,
                                                           "timeout_s": timeout_s, "window_s": window_s,
+                                                          "budget_s": budget_s,
                                                           "prune": prune, "validate": validate, "top": top,
                                                           "repeats": repeats}))
 

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from tuner.describe import RecommendationContext, baseline_dict, recommendation_dict
 from tuner.errors import TunerError
 from tuner.kv_budget import ModelMemory
+from tuner.storage.spend import GpuTime, Spend
 from tuner.traces.records import TraceFit
 
 if TYPE_CHECKING:
@@ -317,6 +318,39 @@ class BaselineAnswer(Answer):
         return self.scored is not None and self.scored.feasible
 
 
+class GpuTimeAnswer(Answer):
+    """Slot time by what it went to (`tuner.storage.spend.GpuTime`), in seconds."""
+
+    startup_s: Number = Field(description="Engines starting and stopping")
+    probes_s: Number = Field(description="Requests arriving at the probes' loads")
+    draining_s: Number = Field(description="The rest of the replays: tails after the last arrival, waits for an idle "
+                                           "engine, warm-ups")
+    idle_s: Number = Field(description="Held by a run, running no trial")
+    total_s: Number
+
+
+class TrialSpendAnswer(GpuTimeAnswer):
+    """One launched trial's time, its compile cache (cold: compiled at startup) and whether it validated."""
+
+    trial: int
+    compile_cache: str
+    validation: bool
+
+
+class SpendAnswer(Answer):
+    """What the study's answer cost (`tuner.storage.spend.Spend`): GPU time where its slots were GPUs, by part, per
+    trial and in total, with cold and warm starts."""
+
+    unit: str = Field(description="GPU, or CPU slot")
+    total: GpuTimeAnswer
+    cold_starts: int
+    warm_starts: int
+    runs: int = Field(description="Runs kept; the idle time of runs before they were kept is unknown")
+    trials: list[TrialSpendAnswer]
+    idle_s: Number
+    text: str
+
+
 class StudyStatus(Answer):
     """Trials by state, the trials in flight and waiting, and the best so far."""
 
@@ -332,6 +366,7 @@ class StudyStatus(Answer):
     # ("not validated" when none was complete).
     validation_launches: int = 0
     validation: str = "not validated"
+    spent: Optional[SpendAnswer] = None  # what the study's runs spent so far
 
 
 class RecommendedConfig(Answer):
@@ -345,13 +380,14 @@ class RecommendedConfig(Answer):
 
 class GainAnswer(Answer):
     """A validated gain (`tuner.validation.GainInterval`): the ratio of carried loads, its 95% interval (the high
-    end None where unbounded), the repeats behind each side (the compared configuration's, the default's) and the
-    confidence level."""
+    end None where unbounded), the repeats behind each side (the compared configuration's, the default's), whether
+    they were paired rounds, and the confidence level."""
 
     ratio: Number
     low: Number
     high: Optional[Number]  # None: no failing load bounded the compared configuration's capacity above
     repeats: list[int]
+    paired: bool = False  # the interval is the paired one on the rounds' log ratios
     confidence: Number
 
 
@@ -376,6 +412,7 @@ class ValidationAnswer(Answer):
     unit: str
     complete: bool
     against_itself: bool
+    paired: bool = False  # its launches were paired rounds on one GPU (vLLM's sleep mode)
     arms: list[ValidationArmAnswer]
     order: list[int]
     gain: Optional[GainAnswer]
@@ -413,6 +450,7 @@ class RecommendationAnswer(StatedContext, RecommendedConfig):
     own_precision: Optional[OwnPrecisionAnswer] = Field(None, description="Beside a recommendation that changes "
                                                                           "numerics: the best configuration at the "
                                                                           "model's own precision")
+    spent: Optional[SpendAnswer] = Field(None, description="What finding it out cost")
 
 
 class Enqueued(Answer):
@@ -451,6 +489,7 @@ class TrialRowAnswer(Answer):
     limiting_resource: Optional[LimitingResourceAnswer]
     trace_fit: Optional[TraceFit] = Field(None, description="How many of the trace's requests its max_model_len "
                                                             "clipped or scaled; None: replayed as recorded.")
+    gpu_time: Optional[GpuTimeAnswer] = Field(None, description="Its own slot time by part; idle is the runs'")
 
 
 class MachineAnswer(Answer):
@@ -490,6 +529,7 @@ class ReportSummary(Answer):
     trials: list[TrialRowAnswer]
     pareto: list[int]
     timelines: list[int]
+    spent: Optional[SpendAnswer] = None
 
 
 class ReportAnswer(Answer):
@@ -544,7 +584,7 @@ class Studies(Protocol):
 EXPORT_FORMATS = ("json", "csv")
 CSV_FIELDS = ["trial_number", "attempt", "state", "pareto", "failure_class", "completed", "requests",
               "completed_rps", "output_tps", "ttft_p95_s", "e2e_p95_s", "preemptions", "feasible", "serve_command",
-              "validation"]
+              "validation", "startup_s", "probes_s", "draining_s", "compile_cache"]
 
 
 def _validation_cell(mark: ValidationMark | None) -> str:
@@ -652,7 +692,8 @@ class LocalStudies:
             if rec else None,
             "baseline": {**baseline_dict(base), "limiting_resource": held_by(base)} if base else None,
             "validation_launches": sum(t.validation is not None for t in stored),
-            "validation": rec.validation.sentence() if rec and rec.validation else "not validated"})
+            "validation": rec.validation.sentence() if rec and rec.validation else "not validated",
+            "spent": Spend.of(stored, repo.runs(name)).to_dict()})
 
     def best(self, name: str) -> RecommendationAnswer:
         """`Studies.best` from this process's storage."""
@@ -662,7 +703,8 @@ class LocalStudies:
         rec = recommend(repo, settings, study)
         if rec is None:
             raise NoRecommendation(f"study {name}: no trial met the {settings.boundary} boundary yet")
-        return RecommendationAnswer.model_validate(recommendation_dict(rec, settings))
+        spent = Spend.of(repo.trials(name), repo.runs(name))
+        return RecommendationAnswer.model_validate({**recommendation_dict(rec, settings), "spent": spent.to_dict()})
 
     def enqueue(self, name: str, assignments: list[str]) -> Enqueued:
         """`Studies.enqueue` into this process's storage."""
@@ -692,19 +734,23 @@ class LocalStudies:
             rec = recommend(repo, settings, study)
             return json.dumps({"study": settings.to_dict(),
                                "recommendation": recommendation_dict(rec, settings) if rec else None,
+                               "spent": Spend.of(trials, repo.runs(name)).to_dict(),
                                "trials": rows}, indent=2, default=str) + "\n"
         buffer = io.StringIO()
         writer = csv.DictWriter(buffer, fieldnames=CSV_FIELDS)
         writer.writeheader()
         for t in trials:
             m = t.measurement
+            own = GpuTime.of_trial(t)
             measured = {"completed": m.completed, "requests": m.requests, "completed_rps": m.completed_rps,
                         "output_tps": m.output_tps, "ttft_p95_s": m.ttft_s.p95, "e2e_p95_s": m.e2e_s.p95,
                         "preemptions": m.preemptions} if m else {}
             writer.writerow({"trial_number": t.trial_number, "attempt": t.attempt, "state": t.state.value,
                              "pareto": t.trial_number in pareto, "failure_class": t.failure_class, **measured,
                              "feasible": t.score.feasible if t.score else None, "serve_command": t.serve_command,
-                             "validation": _validation_cell(t.validation)})
+                             "validation": _validation_cell(t.validation),
+                             **({"startup_s": own.startup_s, "probes_s": own.probes_s, "draining_s": own.draining_s,
+                                 "compile_cache": t.timings.compile_cache.value} if t.timings else {})})
         return buffer.getvalue()
 
     def report(self, name: str) -> ReportAnswer:

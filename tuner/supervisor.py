@@ -67,14 +67,15 @@ def run_env(plan) -> dict[str, str]:
 
 
 def study_run_argv(study: str, *, trials: int | None = None, window_s: float | None = None,
-                   timeout_s: float | None = None, parallel: int | None = None, prune: bool = True,
-                   validate: bool = True, top: int | None = None, repeats: int | None = None,
+                   timeout_s: float | None = None, budget_s: float | None = None, parallel: int | None = None,
+                   prune: bool = True, validate: bool = True, top: int | None = None, repeats: int | None = None,
                    events: Path | None = None) -> list[str]:
     """`tuner study run` with --json, as a process of its own."""
     argv = [sys.executable, "-m", "tuner", "study", "run", study, "--json", "--prune" if prune else "--no-prune",
             "--validate" if validate else "--no-validate"]
     for option, value in (("--trials", trials), ("--window", window_s), ("--timeout", timeout_s),
-                          ("--parallel", parallel), ("--top", top), ("--repeats", repeats), ("--events", events)):
+                          ("--budget", budget_s), ("--parallel", parallel), ("--top", top), ("--repeats", repeats),
+                          ("--events", events)):
         if value is not None:
             argv += [option, str(value)]
     return argv

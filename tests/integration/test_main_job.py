@@ -69,6 +69,7 @@ def assert_recommends(command: str, tmp_path) -> tuple[str, dict]:
                                        env=env, capture_output=True, text=True, check=True).stdout)
     exported = json.loads(subprocess.run([sys.executable, "-m", "tuner", "study", "export", "demo"], env=env,
                                          capture_output=True, text=True, check=True).stdout)
+    assert_spent_is_stated(best, status, exported, result.stdout)
     if best["validation"] is None:
         # No finalist to launch again, and the answer is vLLM's default, said to be measured once: the default
         # carried the demo's traffic and the search trial did not, or (a machine too slow for that traffic) no
@@ -88,6 +89,21 @@ def assert_recommends(command: str, tmp_path) -> tuple[str, dict]:
     else:
         assert_validated(best, status, exported, result.stdout)
     return result.stdout, best
+
+
+def assert_spent_is_stated(best: dict, status: dict, exported: dict, stdout: str) -> None:
+    """What the answer cost, everywhere it is read: the run's line, `status`, `best` and the export agree, every
+    launched trial has its share, and the run's slot time beyond its trials' is its idle time."""
+    assert re.search(r"^spent CPU slot time \S+: startup \S+, probes \S+, draining \S+, idle \S+; \d+ launches"
+                     r"(, \d+ cold starts, \d+ warm)?$", stdout, re.MULTILINE), stdout[-3000:]
+    spent = status["spent"]
+    assert spent == best["spent"] == exported["spent"] and spent["unit"] == "CPU slot" and spent["runs"] == 1
+    launched = [t for t in exported["trials"] if t["timings"]]
+    assert [t["trial"] for t in spent["trials"]] == [t["trial_number"] for t in launched]
+    total = spent["total"]
+    assert all(total[part] >= 0 for part in ("startup_s", "probes_s", "draining_s", "idle_s"))
+    assert total["startup_s"] > 0 and total["probes_s"] > 0
+    assert total["total_s"] == pytest.approx(sum(t["total_s"] for t in spent["trials"]) + total["idle_s"])
 
 
 def assert_validated(best: dict, status: dict, exported: dict, stdout: str) -> None:

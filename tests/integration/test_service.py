@@ -209,7 +209,7 @@ def served_study(service, tiny_model):
                                 "--fit", "clip", "--seed", "1", "--json",
                                 # This test is about the service, not speed.
                                 *NO_LATENCY_LIMIT_ARGS, *FIXED_LOAD).stdout)
-    run = remote(service, "study", "run", "svc", "--no-validate", "--trials", "2")
+    run = remote(service, "study", "run", "svc", "--no-validate", "--trials", "2", "--budget", "30m")
     return {"created": created, "run_stderr": run.stderr, "run_stdout": run.stdout}
 
 
@@ -222,6 +222,12 @@ def test_a_study_created_and_run_through_the_service_runs_two_real_trials(servic
     (run,) = status["runs"]
     assert run["state"] == "finished" and run["progress"] == {"done": 2, "of": 2}
     assert [t["number"] for t in run["result"]["trials"]] == [0, 1]
+    # The budget reached the run on the service, which planned with it and states what it spent.
+    said = " ".join(served_study["run_stderr"].split())
+    assert "budget 30m00s of CPU slot time on 1 CPU slot: no validation;" in said
+    spent = run["result"]["spent"]
+    assert spent["unit"] == "CPU slot" and len(spent["trials"]) == 2
+    assert status["spent"]["runs"] == 1 and status["spent"]["total"]["total_s"] >= spent["total"]["total_s"]
 
 
 def test_best_and_report_over_http_match_the_command_line_here(service, served_study):

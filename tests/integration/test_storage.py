@@ -19,6 +19,7 @@ from tuner.storage import (Repository, StoredTrial, VERSION_TABLE, alembic_confi
                            attach_trial_artifacts, default_artifact_dir, default_storage_url, redact_url,
                            trial_artifacts)
 from tuner.storage.schema import Base, ScheduleRunRow, TraceRow, include_name
+from tuner.storage.records import StoredRun
 from tuner.capacity import JudgedProbe, Verdict
 from tuner.errors import TunerError
 from tuner.scoring import Rejection, Score
@@ -32,8 +33,9 @@ from tuner.workers.trial import TrialRecord
 
 from factories import request_records, study_settings, trial_record
 
-TUNER_TABLES = {"tuner_studies", "tuner_traces", "tuner_trials", "tuner_requests", "tuner_schedule_runs"}
-LATEST = "0007"  # tuner's newest Alembic revision
+TUNER_TABLES = {"tuner_studies", "tuner_traces", "tuner_trials", "tuner_requests", "tuner_schedule_runs",
+                "tuner_runs"}
+LATEST = "0008"  # tuner's newest Alembic revision
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -111,7 +113,7 @@ def test_migration_matches_the_schema(url):
     assert_migrated_to_the_schema(url)
 
 
-@pytest.mark.parametrize("earlier", ["0001", "0003", "0005", "0006"])
+@pytest.mark.parametrize("earlier", ["0001", "0003", "0005", "0006", "0007"])
 def test_an_upgrade_from_an_earlier_revision_keeps_every_study_and_trial(url, earlier):
     # 0007's first form rebuilt tuner_studies (Alembic's batch mode on SQLite) and the drop of the old table deleted
     # every trial through ON DELETE CASCADE: found on a run whose database was upgraded under it.
@@ -227,6 +229,19 @@ def test_trial_with_requests_and_failure_round_trips(repo):
                        "message": trial.failure_message, "exit_code": -9, "log_excerpt": trial.log_excerpt,
                        "estimated_max_model_len": None}
     assert "worker killed" in failure["log_excerpt"]
+
+
+def test_a_run_is_stored_then_updated_as_it_goes_and_goes_with_its_study(repo):
+    repo.save_study(study_settings())
+    run = repo.save_run(StoredRun("s1", 1000.0, 1000.0, 2, 1, budget_s=1200.0))
+    assert run.id is not None and repo.runs("s1") == [run]
+    later = repo.save_run(replace(run, ended_at=1300.0, trials=(0, 1)))
+    assert repo.runs("s1") == [later] and later.held_s == 600.0
+    repo.save_run(StoredRun("s1", 2000.0, 2100.0, 1, 0, (2,)))
+    assert [r.trials for r in repo.runs("s1")] == [(0, 1), (2,)]
+    with repo.engine.begin() as conn:
+        conn.execute(sa.text("DELETE FROM tuner_studies"))
+    assert row_count(repo, "tuner_runs") == 0
 
 
 def test_a_probes_pace_with_its_carried_share_round_trips(repo):

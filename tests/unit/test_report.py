@@ -458,8 +458,10 @@ def test_the_report_of_a_search_states_each_capacity_in_words_side_by_side_and_p
                            "req/s within the boundary", 0.1)
     lines = recommendation_lines(replace(data, recommendation=replace(data.recommendation, validation=validated)))
     assert lines[4].startswith("In the search, it carries 7.62 req/s (x476 the trace's rate) within the boundary")
-    assert lines[-1] == ("Launch by launch, in req/s within the boundary, each with the lowest load above it that did "
+    assert lines[-2] == ("Launch by launch, in req/s within the boundary, each with the lowest load above it that did "
                          "not pass: vLLM's default 5.1 (7.65), 5.1 (7.65); trial 3 7.6 (8.36), 8 (8.8).")
+    # Last, what finding it out cost: these trials' own time (no run kept, so no idle).
+    assert lines[-1] == f"Spent {data.spent.text()}." and lines[-1].endswith("idle 0s; 6 launches.")
     rows = {what: (a, b, change) for what, a, b, change in side_by_side(data)}
     assert rows["capacity within the boundary"] == ("4.53 req/s (x283 the trace's rate)",
                                                     "7.62 req/s (x476 the trace's rate)", "+68%")
@@ -643,8 +645,8 @@ def test_a_recommendation_in_fp8_says_so_and_shows_the_best_at_the_models_own_pr
     assert lines[1] == fp8.serve_command and "--quantization fp8" in lines[1] and "--kv-cache-dtype fp8" in lines[1]
     assert lines[2] == ("Weights and KV cache in FP8: outputs differ from the model's own precision; check your own "
                         "quality evaluations.")
-    assert lines[-1].startswith(f"At the model's own precision the best is trial 6 ({own.serve_command})")
-    assert lines[-1].endswith(f"; against vLLM's default: {validated.gain_of(validated.arms[2]).text()}."), lines[-1]
+    assert lines[-2].startswith(f"At the model's own precision the best is trial 6 ({own.serve_command})")
+    assert lines[-2].endswith(f"; against vLLM's default: {validated.gain_of(validated.arms[2]).text()}."), lines[-2]
     # Programs and the service read the same, marked: changes_numerics, the sentence, and the other configuration.
     answer = RecommendationAnswer.model_validate_json(
         RecommendationAnswer.model_validate(recommendation_dict(rec, data.settings)).model_dump_json())

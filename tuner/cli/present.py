@@ -200,6 +200,8 @@ def print_recommendation(rec: RecommendationAnswer) -> None:
         out.print(f"at the model's own precision the best is trial {own.trial}{carried}; {own.gain}:",
                   highlight=False, soft_wrap=True)
         out.print(f"  {own.serve_command}", highlight=False, soft_wrap=True)
+    if rec.spent is not None:
+        out.print(f"spent {rec.spent.text}", highlight=False, soft_wrap=True)
 
 
 def print_report_lines(view: ReportAnswer) -> None:

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Annotated, Callable, Optional
 import typer
 from rich.progress import Progress, TaskID
 
-from tuner.cli.options import (ArtifactsOption, JsonOption, RayAddressOption, RepeatsOption, ServerOption,
-                               StorageOption, StudyArgument, TokenFileOption, TopOption, storage_plan)
+from tuner.cli.options import (ArtifactsOption, JsonOption, PairingOption, RayAddressOption, RepeatsOption,
+                               ServerOption, StorageOption, StudyArgument, TokenFileOption, TopOption, storage_plan)
 from tuner.cli.present import summary_line
 from tuner.console import err, out, print_json, progress_bar
 from tuner.errors import TunerError
@@ -39,6 +39,7 @@ class RunSettings:
     deadline: float | None  # start no trial that would end after this
     stop_at: float | None  # the --window's end: trials still running then are stopped
     window_s: float | None
+    budget_s: float | None  # slot time (GPU time) the run may spend, summed over slots, validation included
     # A run here:
     ray_address: str | None
     heartbeat_s: int
@@ -49,6 +50,7 @@ class RunSettings:
     # A run on a service:
     server: str | None
     token_file: Path | None
+    pairing: bool = True  # validate paired on one GPU where the platform offers it (`tuner.validation.pairing`)
 
 
 class RunProgress:
@@ -110,11 +112,15 @@ def study_run(
     window: Annotated[Optional[str], typer.Option(help="Run for at most this long (5h, 30m, 90s): start no trial "
                                                        "that would end after it, and stop any still running at "
                                                        "its end.")] = None,
+    budget: Annotated[Optional[str], typer.Option(help="Spend at most this much GPU time (20m, 1h; summed over "
+                                                       "slots), the validation included: the run plans its trials "
+                                                       "and keeps the validation's time, and says what the budget "
+                                                       "did not cover.")] = None,
     prune: Annotated[bool, typer.Option(help="Stop a trial once its boundary can no longer be met.")] = True,
     validate: Annotated[bool, typer.Option(help="Then launch the best configurations and vLLM's default again, "
                                                 "interleaved, to state the gain with its interval (see `tuner "
                                                 "study validate`).")] = True,
-    top: TopOption = DEFAULT_TOP, repeats: RepeatsOption = DEFAULT_REPEATS,
+    top: TopOption = DEFAULT_TOP, repeats: RepeatsOption = DEFAULT_REPEATS, pairing: PairingOption = True,
     heartbeat: Annotated[int, typer.Option(min=1, help="Seconds between a running trial's heartbeats.")] = 30,
     grace: Annotated[int, typer.Option(min=1, help="Seconds of silence after which a trial counts as "
                                                    "interrupted and is re-run.")] = 90,
@@ -136,21 +142,22 @@ def study_run(
         if typed:
             raise typer.BadParameter(f"{', '.join(typed)} cannot be used with --server: the service's runs use its "
                                      f"own Ray cluster and settings")
+    from tuner.durations import parse_duration
+
     stop_at = window_s = None
     if window is not None:
-        from tuner.durations import parse_duration
-
         if timeout is not None or until is not None:
             raise typer.BadParameter("give --window, or --timeout or --until, not both")
         window_s = parse_duration(window)
         stop_at = time.time() + window_s
+    budget_s = parse_duration(budget) if budget is not None else None
     deadline = _deadline(timeout, until)
-    if trials is None and stop_at is None:
+    if trials is None and stop_at is None and budget_s is None:
         trials = 8
     settings = RunSettings(name=name, trials=trials, parallel=parallel, prune=prune, validate=validate, top=top,
-                           repeats=repeats, deadline=deadline, stop_at=stop_at, window_s=window_s,
+                           repeats=repeats, deadline=deadline, stop_at=stop_at, window_s=window_s, budget_s=budget_s,
                            ray_address=ray_address, heartbeat_s=heartbeat, grace_s=grace, storage=storage,
-                           artifacts=artifacts, events=events, server=server, token_file=token_file)
+                           artifacts=artifacts, events=events, server=server, token_file=token_file, pairing=pairing)
     with progress_bar(as_json) as progress:
         shown = RunProgress(progress, name, trials, as_json)
         result = _run_on_service(settings, shown) if server else _run_here(settings, shown)
@@ -167,12 +174,14 @@ def _print_report(result: RunReport, name: str, as_json: bool) -> None:
         out.print(f"stopped after {len(result.trials)} trials: {result.stopped_early}")
     if result.validation:
         out.print(result.validation, highlight=False, soft_wrap=True)
+    if result.spent:
+        out.print(f"spent {result.spent.text()}", highlight=False, soft_wrap=True)
     out.print(f"see `tuner study best {name}`")
 
 
 def study_validate(
     name: StudyArgument,
-    top: TopOption = DEFAULT_TOP, repeats: RepeatsOption = DEFAULT_REPEATS,
+    top: TopOption = DEFAULT_TOP, repeats: RepeatsOption = DEFAULT_REPEATS, pairing: PairingOption = True,
     against_itself: Annotated[bool, typer.Option(help="An A/A check: launch vLLM's default against itself, whose "
                                                       "interval must include 1.")] = False,
     parallel: Annotated[Optional[int], typer.Option(min=1, help="Launches in flight at once; default: every free "
@@ -182,13 +191,14 @@ def study_validate(
     storage: StorageOption = None, artifacts: ArtifactsOption = None, as_json: JsonOption = False,
 ) -> None:
     """Launch vLLM's default configuration and the study's best configurations again, --repeats times each in
-    interleaved order (A B C A B C ...), each a full measurement stored as a validation trial; then state the
-    best's gain over the default with its 95% interval, or that the default should be kept. Validation trials do
-    not count as search trials. SIGINT or SIGTERM stops it as it stops `study run`."""
+    interleaved order (A B C A B C ...), each a full measurement stored as a validation trial (on one GPU with
+    vLLM's sleep mode: one engine each, taking turns, round by round); then state the best's gain over the default
+    with its 95% interval, or that the default should be kept, and how the launches ran. Validation trials do not
+    count as search trials. SIGINT or SIGTERM stops it as it stops `study run`."""
     settings = RunSettings(name=name, trials=0, parallel=parallel, prune=True, validate=True, top=top,
                            repeats=repeats, deadline=_deadline(timeout, None), stop_at=None, window_s=None,
-                           ray_address=ray_address, heartbeat_s=30, grace_s=90, storage=storage,
-                           artifacts=artifacts, events=None, server=None, token_file=None)
+                           budget_s=None, ray_address=ray_address, heartbeat_s=30, grace_s=90, storage=storage,
+                           artifacts=artifacts, events=None, server=None, token_file=None, pairing=pairing)
     with progress_bar(as_json) as progress:
         shown = RunProgress(progress, name, None, as_json)
         result = _run_here(settings, shown, against_itself=against_itself)
@@ -213,7 +223,9 @@ def _stop_on_signals(stop_run: Callable[[str], None], signalled: list[str]) -> d
 
 def _run_here(settings: RunSettings, shown: RunProgress, *, against_itself: bool = False) -> RunReport:
     """Run the trials on Ray workers from this process, then the validation if asked."""
-    from tuner.study.events import LoggedEvent, PoolReady, RunReport, TrialDone, TrialStarted, event_line
+    from tuner.study.budget import RunBudget
+    from tuner.study.events import (BUDGET_KEPT, BUDGET_SPENT, BudgetPlanned, LoggedEvent, PoolReady, RunReport,
+                                    TrialDone, TrialStarted, event_line)
     from tuner.study.runner import NothingToValidate, StudyRunner
 
     plan = storage_plan(settings.storage, settings.artifacts, heartbeat_interval_s=settings.heartbeat_s,
@@ -232,6 +244,9 @@ def _run_here(settings: RunSettings, shown: RunProgress, *, against_itself: bool
                 # Only now: until the pool is up no trial is in flight, and ray.init replaces the SIGTERM handler.
                 replaced.update(_stop_on_signals(runner.stop, shown.signalled))
                 shown.describe(f"study {settings.name} ({slots} slots)")
+            case BudgetPlanned(plan=plan):
+                if not shown.as_json:
+                    err.print(plan.text(), highlight=False)
             case TrialStarted():
                 record(event)
                 shown.started(event)
@@ -241,22 +256,29 @@ def _run_here(settings: RunSettings, shown: RunProgress, *, against_itself: bool
 
     runner = StudyRunner(settings.name, plan, prune=settings.prune, parallel=settings.parallel,
                          ray_address=settings.ray_address, on_event=on_event)
+    # A window plans as a budget does: the search keeps the validation's time.
+    budget = RunBudget(time.time(), settings.budget_s, settings.stop_at,
+                       (settings.top + 1) * settings.repeats if settings.validate else 0) \
+        if settings.budget_s is not None or settings.stop_at is not None else None
     try:
-        report = runner.run(settings.trials, settings.deadline, stop_at=settings.stop_at) if settings.trials != 0 \
-            else RunReport()
-        if settings.validate and report.stopped_early is None and not shown.signalled:
+        report = runner.run(settings.trials, settings.deadline, stop_at=settings.stop_at, budget=budget) \
+            if settings.trials != 0 else RunReport()
+        # A search that stopped to keep the validation's time goes on to it.
+        if settings.validate and report.stopped_early in (None, BUDGET_KEPT, BUDGET_SPENT) and not shown.signalled:
             what = "vLLM's default against itself" if against_itself else "the best against vLLM's default"
             shown.describe(f"study {settings.name}: validating {what}, {settings.repeats} launches each")
             try:
                 validation, checked = runner.validate(settings.top, settings.repeats, against_itself=against_itself,
-                                                      deadline=settings.deadline, stop_at=settings.stop_at)
+                                                      deadline=settings.deadline, stop_at=settings.stop_at,
+                                                      budget=budget, paired=settings.pairing)
             except NothingToValidate as exc:
                 if settings.trials == 0:  # asked for by `study validate` itself: an error, not a note
                     raise
                 report.validation = f"not validated: {exc}"
             else:
                 report.trials += checked.trials  # the search's own stop (none) stays the run's
-                report.validation = (validation.sentence() if validation.complete else
+                report.spent = checked.spent or report.spent
+                report.validation = (validation.verdict() if validation.complete else
                                      f"not validated: the validation stopped ({checked.stopped_early}); "
                                      + (f"the launches it did not run stay queued, and the next `tuner study run "
                                         f"{settings.name}` runs them first" if validation.order or checked.trials
@@ -280,7 +302,7 @@ def _run_on_service(settings: RunSettings, shown: RunProgress) -> RunReport:
     # The service's clock may differ from ours: it is sent the time left.
     timeout_s = None if settings.deadline is None else settings.deadline - time.time()
     run = studies.start_run(name, settings.trials, settings.parallel, timeout_s, settings.window_s, settings.prune,
-                            settings.validate, settings.top, settings.repeats)
+                            settings.validate, settings.top, settings.repeats, settings.budget_s)
     shown.describe(f"study {name} on {server} (run {run.id})")
     # The handler only notes the stop and the loop sends it: an HTTP call from within the handler could cut into
     # the loop's own request.

@@ -148,6 +148,8 @@ def study_status(name: StudyArgument, storage: StorageOption = None,
     if data.baseline is not None:
         table.add_row("vLLM's default", default_line(data.baseline))
     table.add_row("validation", data.validation)
+    if data.spent is not None:
+        table.add_row("spent", data.spent.text)
     out.print(table)
 
 

@@ -18,6 +18,7 @@ from tuner.diagnosis import LimitingResource
 from tuner.report.data import ReportData
 from tuner.scoring import Capacity
 from tuner.storage import StoredTrial, StudySettings, TrialState
+from tuner.storage.spend import GpuTime
 from tuner.traces.records import TraceFit
 from tuner.study.recommendation import as_sentence, capacity_sentence
 from tuner.workers.measure import Measurement
@@ -96,6 +97,7 @@ class TrialRow:
     # What holds it back, at the load where it stops meeting the boundary; None for a trial that measured nothing.
     limiting_resource: LimitingResource | None = None
     trace_fit: TraceFit | None = None  # how many requests its max_model_len clipped or scaled; None: unfitted
+    gpu_time: GpuTime = GpuTime()  # its own slot time by part (none for a proposal refused before launch)
 
     @property
     def label(self) -> str:
@@ -122,6 +124,7 @@ class TrialRow:
             data.update(capacity=self.capacity.to_dict() if self.capacity else None,
                         probes=[p.to_dict() for p in self.probes])
         data["limiting_resource"] = self.limiting_resource.to_dict() if self.limiting_resource else None
+        data["gpu_time"] = self.gpu_time.to_dict()
         return data
 
 
@@ -143,7 +146,7 @@ def trial_rows(data: ReportData) -> list[TrialRow]:
             preemptions=_measured(t, lambda m: m.preemptions), kv_tokens=data.kv_tokens.get(t.trial_number),
             feasible=t.score.feasible if t.state is TrialState.COMPLETE and t.score else None, why=_why(t),
             capacity=data.capacity(t) if searched else None, probes=list(t.probes) if searched else None,
-            limiting_resource=trial_limit(t, data.boundary), trace_fit=t.trace_fit))
+            limiting_resource=trial_limit(t, data.boundary), trace_fit=t.trace_fit, gpu_time=GpuTime.of_trial(t)))
     return rows
 
 
@@ -294,7 +297,7 @@ def recommendation_lines(data: ReportData) -> list[str]:
     if rec is None:
         machines = "; ".join(f"{m.hardware}, vLLM {m.vllm_version}" for m in measured_on(data)) or "no machine"
         return [f"No trial met the {boundary_line(data.boundary)} boundary yet.",
-                f"Trials measured on {machines}, trace {trace_line(settings)}."]
+                f"Trials measured on {machines}, trace {trace_line(settings)}.", spent_line(data)]
     t, m = rec.trial, rec.trial.measurement
     lines = [f"Recommended for the {boundary_line(rec.boundary)} boundary: trial {t.trial_number}.",
              t.serve_command,
@@ -327,7 +330,14 @@ def recommendation_lines(data: ReportData) -> list[str]:
                    if own.scored is not None and own.scored.capacity is not None else "")
         lines.append(f"At the model's own precision the best is trial {own.trial_number} ({own.serve_command})"
                      f"{carried}; {rec.own_precision_gain()}.")
+    lines.append(spent_line(data))
     return lines
+
+
+def spent_line(data: ReportData) -> str:
+    """What finding the answer out cost: `Spent GPU time 12m30s: startup ..., idle 30s; 5 launches, 2 cold starts,
+    3 warm.`"""
+    return f"Spent {data.spent.text()}."
 
 
 def summary(data: ReportData) -> dict[str, Any]:
@@ -343,5 +353,5 @@ def summary(data: ReportData) -> dict[str, Any]:
         "default_trial": data.baseline.trial_number if data.baseline else None,
         "side_by_side": [row._asdict() for row in side_by_side(data)],
         "common_settings": common_settings(data), "trials": [row.to_dict() for row in trial_rows(data)],
-        "pareto": sorted(data.pareto), "timelines": sorted(data.timelines),
+        "pareto": sorted(data.pareto), "timelines": sorted(data.timelines), "spent": data.spent.to_dict(),
     }

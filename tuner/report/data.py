@@ -19,6 +19,8 @@ from tuner.capacity import capacity_of
 from tuner.kv_budget import logged_kv_tokens
 from tuner.scoring import Boundary, Capacity, boundary
 from tuner.storage import StoredTrial, StudyModel, StudySettings, trial_dir
+from tuner.storage.records import StoredRun
+from tuner.storage.spend import Spend
 # The report reads studies (tuner.study.plan, .recommendation) and never imports the runner, nor Ray with it.
 from tuner.study.plan import load_optuna_study
 from tuner.study.recommendation import Recommendation, find_baseline, recommend
@@ -86,6 +88,12 @@ class ReportData:
     timelines: dict[int, list[TimelineSample]] = field(default_factory=dict)  # only the trials that have one
     kv_tokens: dict[int, int] = field(default_factory=dict)
     generated_at: str = ""
+    runs: tuple[StoredRun, ...] = ()  # the study's runs, for the time their slots stood idle
+
+    @property
+    def spent(self) -> Spend:
+        """What the study's answer cost so far."""
+        return Spend.of(self.trials, self.runs)
 
     @property
     def recommended(self) -> StoredTrial | None:
@@ -169,7 +177,7 @@ def collect_report(name: str, plan: StoragePlan) -> ReportData:
         if tokens is not None:
             kv[t.trial_number] = tokens
     return ReportData(settings, boundary(settings.boundary, settings.limits), trials, rec, baseline, requests,
-                      timelines, kv, datetime.now(timezone.utc).isoformat(timespec="seconds"))
+                      timelines, kv, datetime.now(timezone.utc).isoformat(timespec="seconds"), tuple(repo.runs(name)))
 
 
 # --- the Pareto front, through Optuna --------------------------------------------------------------------

@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, ClassVar
 
 from tuner.scoring import Score
 from tuner.storage import TrialState, ValidationMark
+from tuner.storage.spend import Spend
+from tuner.study.budget import BudgetPlan
 from tuner.workers.engine_config import EngineConfig
 
 if TYPE_CHECKING:  # the pool imports Ray: only the runner, which makes one, loads it
@@ -17,6 +19,9 @@ if TYPE_CHECKING:  # the pool imports Ray: only the runner, which makes one, loa
 # Why a run stopped before its budget (RunReport.stopped_early), besides a stop asked from outside.
 WINDOW_END = "stopped at the window's end"
 NO_TIME_LEFT = "no time left in the window for another trial"
+BUDGET_SPENT = "no time left in the budget for another trial"
+BUDGET_END = "stopped at the budget's end"
+BUDGET_KEPT = "no time left for another search trial: the rest of the budget is kept for the validation"
 
 
 @dataclass(frozen=True)
@@ -56,16 +61,19 @@ class RunReport:
     trials: list[TrialSummary] = field(default_factory=list)
     stopped_early: str | None = None  # why fewer trials ran than asked
     validation: str | None = None
+    spent: Spend | None = None  # what the run's slots' time went to; None when no slot was held
 
     def to_dict(self) -> dict:
         """JSON-ready: what `tuner study run --json` prints."""
         return {"trials": [t.to_dict() for t in self.trials], "stopped_early": self.stopped_early,
-                "validation": self.validation}
+                "validation": self.validation, "spent": self.spent.to_dict() if self.spent else None}
 
     @classmethod
     def from_dict(cls, data: dict) -> RunReport:
         """The report `to_dict` gave (as a run on the service hands it back)."""
-        return cls([TrialSummary.from_dict(t) for t in data["trials"]], data["stopped_early"], data.get("validation"))
+        spent = data.get("spent")
+        return cls([TrialSummary.from_dict(t) for t in data["trials"]], data["stopped_early"], data.get("validation"),
+                   Spend.from_dict(spent) if spent else None)
 
 
 # The events, one record per kind.
@@ -77,6 +85,13 @@ class PoolReady:
 
     slots: int
     pool: WorkerPool
+
+
+@dataclass(frozen=True)
+class BudgetPlanned:
+    """A run under a budget planned its search and validation, its slots up."""
+
+    plan: BudgetPlan
 
 
 @dataclass(frozen=True)
@@ -128,7 +143,7 @@ class TrialDone:
         return cls(TrialSummary.from_dict(data["summary"]))
 
 
-RunEvent = PoolReady | TrialStarted | WorkerDone | TrialDone  # what `on_event` is given
+RunEvent = PoolReady | BudgetPlanned | TrialStarted | WorkerDone | TrialDone  # what `on_event` is given
 
 
 # The run's events file (`tuner study run --events`): one JSON line per trial started or done, read by whoever

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import statistics
 import threading
 import time
@@ -26,24 +27,31 @@ from tuner.capacity import JudgedProbe, capacity_of
 from tuner.diagnosis import LIMITING_RESOURCE_ATTR, EngineCaps, limiting_resource
 from tuner.hardware import detect_hardware
 from tuner.kv_budget import KvPrediction, estimate_kv, logged_kv_tokens
-from tuner.pruning import BoundaryWatch
+from tuner.kv_traffic import kv_traffic_bound, tpot_floor
+from tuner.pruning import BoundaryWatch, VerdictWatch
 from tuner.samplers import make_sampler
 from tuner.scoring import Rejection, Score, score
 from tuner.search_spaces import PREDICTED_KV_INSUFFICIENT
+from tuner.durations import format_duration
 from tuner.errors import TunerError
 from tuner.storage import DatabaseUnreachable, Repository, StoredTrial, StudySettings, TrialState, ValidationMark
+from tuner.storage.records import StoredRun
+from tuner.storage.spend import Spend, slot_unit
 from tuner.storage.artifacts import attach_trial_artifacts, trial_dir
 from tuner.study.attrs import (BASELINE_ATTR, KV_LOGGED_ATTR, KV_PREDICTION_ATTR, RERUN_ATTR, RESUMED_ATTR,
                                VALIDATION_ATTR)
 from tuner.study.create import study_context
-from tuner.study.events import (NO_TIME_LEFT, WINDOW_END, PoolReady, RunEvent, RunReport, TrialDone, TrialStarted,
-                                TrialSummary, WorkerDone)
+from tuner.study.budget import BudgetPlan, RunBudget
+from tuner.study.events import (BUDGET_END, BUDGET_KEPT, BUDGET_SPENT, NO_TIME_LEFT, WINDOW_END, BudgetPlanned,
+                                PoolReady, RunEvent, RunReport, TrialDone, TrialStarted, TrialSummary, WorkerDone)
 from tuner.study.plan import StoragePlan
 from tuner.study.recommendation import candidates, finalists, validation_terms
 from tuner.traces.records import Trace
 from tuner.traces.selection import fit_trace
-from tuner.validation import Arm, Validation, interleaved, unstarted, validations
+from tuner.validation import (PAIRED, Arm, Pairing, Validation, interleaved, paired_design, pairing, unstarted,
+                              validations)
 from tuner.workers.engine_config import EngineConfig
+from tuner.workers.paired import PairedSpec, sleep_mode_served
 from tuner.workers.pool import WorkerLost, WorkerPool, WorkerResult
 from tuner.workers.probe_log import PROBE_LOG, ProbeLog
 from tuner.workers.trial import ARTIFACTS, TrialOutcome, TrialSpec
@@ -131,17 +139,22 @@ class NothingToValidate(TunerError):
     """A study with no feasible configuration other than vLLM's default: there is no finalist to launch again."""
 
 
-def _expected_trial_s(repo: Repository, settings: StudySettings, trace_span_s: float, validation: bool) -> float:
+def _expected_trial_s(repo: Repository, settings: StudySettings, trace_span_s: float, validation: bool,
+                      baselines: frozenset[int] | set[int] = frozenset()) -> float:
     """How long the next trial will likely take: the median of the study's trials of its kind that served (a
     validation launch searches with twice the probes, `LoadPolicy.for_launch`; a launch that failed fast says
-    little); before any, of the study's others; before any, of other studies' on the same model; before any, the
-    trace's span, which no trial can take less than."""
+    little); for a validation launch before any, of the study's trials of vLLM's default (`baselines`), which
+    searched their whole capacity as a validation launch does, where search trials stop at the best so far; before
+    any, of the study's others; before any, of other studies' on the same model; before any, the trace's span,
+    which no trial can take less than."""
     def served(name: str) -> list[StoredTrial]:
         return [t for t in repo.trials(name)
                 if t.state in (TrialState.COMPLETE, TrialState.PRUNED) and t.timings and t.timings.total_s]
 
     own = served(settings.name)
     same_kind = [t for t in own if (t.validation is not None) == validation]
+    if validation and not same_kind:
+        same_kind = [t for t in own if t.trial_number in baselines]
     found = same_kind or own or [t for other in repo.list_studies() if other.name != settings.name
                                  and other.model == settings.model for t in served(other.name)]
     return statistics.median(t.timings.total_s for t in found) if found else trace_span_s
@@ -179,6 +192,9 @@ class StudyRunner:
         self.ray_address = ray_address
         self._emit = on_event or (lambda event: None)
         self._stop_reason: str | None = None
+        # This runner's run as stored (its search and its validation are one run), and the slots it holds.
+        self._run: StoredRun | None = None
+        self._slots = parallel or 1
 
     def stop(self, reason: str) -> None:
         """End the run from outside (another thread, a signal handler): no trial starts any more, the trials in
@@ -187,10 +203,11 @@ class StudyRunner:
 
     @_stops_when_the_database_is_lost
     def run(self, n_trials: int | None, deadline: float | None = None, *,
-            stop_at: float | None = None) -> RunReport:
-        """Up to n_trials trials (None: as many as time allows). None is started that the deadline or stop_at
-        (time.time()) would cut short, judged by the median time of the study's finished trials; at stop_at the
-        trials still in flight are stopped."""
+            stop_at: float | None = None, budget: RunBudget | None = None) -> RunReport:
+        """Up to n_trials trials (None: as many as time allows). None is started that the deadline, stop_at
+        (time.time()) or the budget would cut short, judged by the median time of the study's finished trials; at
+        stop_at, or at the budget's end, the trials still in flight are stopped. A search under a budget keeps the
+        time its validation needs (`RunBudget.search_end`)."""
         report = RunReport()
         # Judged before Ray starts too: a run with no time for a trial costs no cluster, and its verdict does not
         # depend on how long a cluster takes to start.
@@ -199,26 +216,44 @@ class StudyRunner:
             return report
         tp = self.ctx.space.baseline().tensor_parallel_size or 1
         hardware = detect_hardware()
+        started = time.time() if budget is None else budget.started_at
         with WorkerPool(self.parallel, ray_address=self.ray_address, tensor_parallel_size=tp,
                         local_gpus=hardware.gpu_count) as pool:
+            self._slots = len(pool.slots)
+            self._record_run(started, pool.slots[0].gpus, budget)
             self._emit(PoolReady(len(pool.slots), pool))
+            # A search under a budget says its plan, once more when its first trial's time is known; a validation
+            # (launches queued first) has none to say.
+            planned = budget is None or n_trials == 0 or not self._searching()
+            at_end = WINDOW_END
+            if budget is not None:
+                budget_end = budget.end(self._slots)
+                if budget_end is not None and (stop_at is None or budget_end < stop_at):
+                    stop_at, at_end = budget_end, BUDGET_END
+                if not planned:
+                    plan = self._budget_plan(budget, n_trials)
+                    self._emit(BudgetPlanned(plan))
+                    planned = plan.measured > 0
             free = [slot.index for slot in pool.slots]
             freed_at: dict[int, float] = {}
             in_flight: dict[ray.ObjectRef, _InFlight] = {}
-            started = rejected = 0
+            begun = rejected = 0
             try:
                 while True:
-                    reason = self._stop_reason or (WINDOW_END if stop_at is not None and time.time() >= stop_at
+                    reason = self._stop_reason or (at_end if stop_at is not None and time.time() >= stop_at
                                                    else None)
                     if reason is not None:
                         report.stopped_early = reason
                         self._stop_in_flight(pool, in_flight, reason, report)
                         break
-                    while free and (n_trials is None or started < n_trials) and report.stopped_early is None:
+                    while free and (n_trials is None or begun < n_trials) and report.stopped_early is None:
+                        if budget is not None and (short := self._budget_stop(budget)) is not None:
+                            report.stopped_early = short
+                            break
                         if self._no_time_for_a_trial(deadline, stop_at):
                             report.stopped_early = NO_TIME_LEFT
                             break
-                        started += 1
+                        begun += 1
                         # Trials of a driver that died (before this run or during it) are failed now and
                         # re-enqueued once with the same configuration, so the next ask runs them again.
                         fail_stale_trials(self.study)
@@ -228,7 +263,7 @@ class StudyRunner:
                             report.trials.append(job)
                             rejected += 1
                             if rejected <= MAX_REJECTED_IN_A_ROW:
-                                started -= 1  # costs no trial of the budget, as long as proposals keep coming
+                                begun -= 1  # costs no trial of the budget, as long as proposals keep coming
                             continue
                         rejected = 0
                         job[0].slot_freed_at = freed_at.get(free[0])
@@ -246,30 +281,112 @@ class StudyRunner:
                     except WorkerLost as exc:
                         report.trials.append(self._lost(job, exc))
                         pool.replace_worker(job.slot)
-                        started -= 1  # the re-run of a lost trial does not use up the budget
+                        begun -= 1  # the re-run of a lost trial does not use up the budget
                     else:
                         # Scheduling overhead: from the slot freeing to the launch of this trial's engine.
                         launched, freed = result.outcome.launched_at, job.slot_freed_at
                         waited = None if launched is None or freed is None else launched - freed
                         self._emit(WorkerDone(job.trial.number, job.slot, result.node, waited))
                         report.trials.append(self._finish(job, result))
+                        if budget is not None and not planned:
+                            # The first trial's time replaces the trace's span as the plan's estimate.
+                            self._emit(BudgetPlanned(self._budget_plan(budget, n_trials and n_trials - begun)))
+                            planned = True
                     finally:
                         job.beat.stop()
+                        self._record_run(trial=job.trial.number)
                     free.append(job.slot)
             finally:
                 # Ctrl-C or any error: the pool's shutdown kills every worker and so every engine. The trials
                 # in flight stay RUNNING without heartbeat, so the next driver re-runs them.
                 for job in in_flight.values():
                     job.beat.stop()
+        self._record_run()
+        report.spent = self.spent()
         return report
+
+    def _record_run(self, started_at: float | None = None, gpus_per_slot: int = 0, budget: RunBudget | None = None,
+                    trial: int | None = None) -> None:
+        """Store this runner's run: begun (`started_at`) when its first pool is up, then its end moved on and its
+        trials added as they end, so that a run that dies keeps what it held until its last trial."""
+        now = time.time()
+        if self._run is None:
+            if started_at is None:
+                return
+            self._run = StoredRun(self.settings.name, started_at, now, self._slots, gpus_per_slot,
+                                  budget_s=budget.budget_s if budget else None)
+        trials = self._run.trials + ((trial,) if trial is not None and trial not in self._run.trials else ())
+        self._run = self.repo.save_run(dataclasses.replace(self._run, ended_at=now, trials=trials,
+                                                           slots=max(self._run.slots, self._slots)))
+
+    def spent(self) -> Spend | None:
+        """What this runner's run has spent so far (None before its pool was up)."""
+        if self._run is None:
+            return None
+        mine = [t for t in self.repo.trials(self.settings.name) if t.trial_number in self._run.trials]
+        return Spend.of(mine, [self._run])
+
+    def _budget_stop(self, budget: RunBudget) -> str | None:
+        """Why the budget lets no trial start now: none would end before its end, or no search trial before the
+        validation's share begins; None where one may start."""
+        if self._no_time_for_a_trial(None, budget.end(self._slots)):
+            return BUDGET_SPENT
+        if self._searching() and self._no_time_for_a_trial(self._search_end(budget), None, validation=False):
+            return BUDGET_KEPT
+        return None
+
+    def _searching(self) -> bool:
+        """Whether the run's next trial is a search trial (no validation launch is queued first)."""
+        waiting = self.study.get_trials(deepcopy=False, states=(OptunaState.WAITING,))
+        return not waiting or _mark(waiting[0]) is None
+
+    def _launch_s(self) -> float:
+        """The expected time of a validation launch (`_expected_trial_s`)."""
+        return _expected_trial_s(self.repo, self.settings, self.ctx.trace.span_s, True, self._baselines())
+
+    def _budget_short(self, budget: RunBudget, launches: int) -> str | None:
+        """Why the budget cannot hold `launches` validation launches from now; None where it can."""
+        end = budget.end(self._slots)
+        launch_s = self._launch_s()
+        needed = dataclasses.replace(budget, validation_launches=launches).validation_s(self._slots, launch_s)
+        if end is None or time.time() + needed <= end:
+            return None
+        unit = slot_unit(self._run.gpus_per_slot if self._run else 0)
+        left = max(0.0, end - time.time()) * self._slots
+        return (f"the budget left {format_duration(left)} of {unit} time, and its {launches} launches of about "
+                f"{format_duration(launch_s)} need {format_duration(needed * self._slots)}")
+
+    def _search_end(self, budget: RunBudget) -> float | None:
+        """When the search's trials must have ended under the budget, the validation's time kept."""
+        return budget.search_end(self._slots, self._launch_s())
+
+    def _budget_plan(self, budget: RunBudget, n_trials: int | None) -> BudgetPlan:
+        """The plan of a search under `budget` from now, on the slots held."""
+        slots = self._slots
+        end = budget.end(slots)
+        assert end is not None
+        trial_s = _expected_trial_s(self.repo, self.settings, self.ctx.trace.span_s, False)
+        launch_s = self._launch_s()
+        search_end = budget.search_end(slots, launch_s)
+        assert search_end is not None
+        fit = max(0, math.floor((search_end - time.time()) / trial_s)) * slots if trial_s > 0 else 0
+        measured = sum(t.timings is not None for t in self.repo.trials(self.settings.name))
+        unit = slot_unit(self._run.gpus_per_slot if self._run else 0)
+        return BudgetPlan(unit, slots, (end - budget.started_at) * slots, trial_s, launch_s,
+                          fit if n_trials is None else min(fit, n_trials), budget.validation_launches,
+                          search_end < end or not budget.validation_launches, measured)
 
     @_stops_when_the_database_is_lost
     def validate(self, top: int, repeats: int, *, against_itself: bool = False, deadline: float | None = None,
-                 stop_at: float | None = None) -> tuple[Validation, RunReport]:
+                 stop_at: float | None = None, budget: RunBudget | None = None,
+                 paired: bool = True) -> tuple[Validation, RunReport]:
         """Launch vLLM's default configuration and the `top` best candidate search trials' configurations (or, with
         `against_itself`, the default twice: an A/A check) `repeats` times each, round by round, each launch a
         trial marked as a validation launch; then judge them. Raises NothingToValidate when no configuration
-        other than the default is a candidate (`candidates`). `deadline` and `stop_at` bound it as they bound `run`."""
+        other than the default is a candidate (`candidates`). `deadline` and `stop_at` bound it as they bound `run`;
+        under a budget, a validation whose launches cannot all end before the budget's end is not begun. Where the
+        platform offers it (`pairing`) and `paired` allows, the rounds run paired on one GPU instead
+        (`_validate_paired`); the verdict says how the launches ran (`Validation.design`)."""
         trials = self.repo.trials(self.settings.name)
         arms = [Arm(0, None)]
         if against_itself:
@@ -284,6 +401,8 @@ class StudyRunner:
         terms = validation_terms(self.settings)
         if self._no_time_for_a_trial(deadline, stop_at, validation=True):  # nothing queued for one that cannot start
             return unstarted(run, repeats, arms, *terms), RunReport(stopped_early=NO_TIME_LEFT)
+        if budget is not None and (short := self._budget_short(budget, len(arms) * repeats)) is not None:
+            return unstarted(run, repeats, arms, *terms), RunReport(stopped_early=short, spent=self.spent())
         frozen = self.study.get_trials(deepcopy=False)
         # Configurations queued before (the baseline of a study not run yet, say) are asked first: they run too.
         queued = sum(t.state is OptunaState.WAITING for t in frozen)
@@ -291,9 +410,99 @@ class StudyRunner:
         for mark in marks:
             params = {} if mark.of_trial is None else dict(frozen[mark.of_trial].params)
             self.study.enqueue_trial(params, user_attrs={VALIDATION_ATTR: mark.to_dict()}, skip_if_exists=False)
-        report = self.run(queued + len(marks), deadline, stop_at=stop_at)
+        plan = self._pairing(len(arms), len(marks), queued, paired, deadline, stop_at)
+        design = plan.text
+        if plan.paired:
+            # The paired job is stopped at the window's end or the budget's, as `run` stops its trials.
+            ends = [t for t in (stop_at, budget.end(self._slots) if budget is not None else None) if t is not None]
+            report, design = self._validate_paired(min(ends, default=None))
+            # Launches that could not run paired were queued again: they run as interleaved launches.
+            left = len(self.study.get_trials(deepcopy=False, states=(OptunaState.WAITING,)))
+            if left and report.stopped_early is None:
+                rest = self.run(left, deadline, stop_at=stop_at, budget=budget)
+                report = dataclasses.replace(rest, trials=report.trials + rest.trials)
+        else:
+            report = self.run(queued + len(marks), deadline, stop_at=stop_at, budget=budget)
         judged = [v for v in validations(self.repo.trials(self.settings.name), *terms) if v.run == run]
-        return (judged[0] if judged else unstarted(run, repeats, arms, *terms)), report
+        return (dataclasses.replace(judged[0], design=design) if judged
+                else unstarted(run, repeats, arms, *terms)), report
+
+    def _pairing(self, arms: int, launches: int, queued: int, wanted: bool, deadline: float | None,
+                 stop_at: float | None) -> Pairing:
+        """Whether this validation runs paired (`pairing`), decided before anything is launched: on this machine's
+        GPUs and vLLM, with nothing else queued to run first, and where its launches, run as one job, end in time."""
+        tp = self.ctx.space.baseline().tensor_parallel_size or 1
+        plan = pairing(arms, detect_hardware().gpu_count // tp, sleep_mode_served(), wanted)
+        if plan.paired and queued:
+            return Pairing(False, "trials queued before the validation run first")
+        ends = [t for t in (deadline, stop_at) if t is not None]
+        expected_s = launches * self._launch_s()
+        if plan.paired and ends and time.time() + expected_s > min(ends):
+            return Pairing(False, f"run paired, its {launches} launches are one job, which would not end in time "
+                                  f"(about {format_duration(expected_s)})")
+        return plan
+
+    def _validate_paired(self, stop_at: float | None) -> tuple[RunReport, str]:
+        """Run the queued validation launches paired on one GPU slot: one job (`WorkerPool.run_paired`) launches one
+        engine per arm with sleep mode and probes the arms in turn, round by round; each arm's round is then
+        concluded as its launch would be, marked paired. Launches that could not run paired (a refusal, a stop, a
+        lost worker) are recorded as not run and queued again. Returns the report and how the launches ran."""
+        report = RunReport()
+        tp = self.ctx.space.baseline().tensor_parallel_size or 1
+        with WorkerPool(1, ray_address=self.ray_address, tensor_parallel_size=tp,
+                        local_gpus=detect_hardware().gpu_count) as pool:
+            slot = pool.slots[0]
+            self._record_run(time.time(), slot.gpus)
+            self._emit(PoolReady(1, pool))
+            if not slot.gpus:  # a Ray cluster elsewhere, without the GPU this machine has
+                return report, Pairing(False, "the Ray cluster's slots have no GPU").text
+            jobs: dict[tuple[int, int], tuple[_InFlight, TrialSpec]] = {}  # by (round, arm)
+            refused = []  # before launch, and recorded so
+            for _ in self.study.get_trials(deepcopy=False, states=(OptunaState.WAITING,)):
+                started = self._start(pool, slot.index)
+                if isinstance(started, TrialSummary):
+                    refused.append(started)
+                    continue
+                mark = _mark(started[0].trial)
+                assert mark is not None
+                jobs[mark.round, mark.arm] = started
+            report.trials += refused
+            rounds, arms = sorted({r for r, _ in jobs}), sorted({a for _, a in jobs})
+            done: list[tuple[_InFlight, WorkerResult]] = []
+            try:
+                if refused:
+                    fallback: str | None = "a configuration was refused before launch"
+                else:
+                    spec = PairedSpec(tuple(tuple(jobs[r, a][1] for a in arms) for r in rounds))
+                    result = pool.run_paired(slot.index, spec, lambda: self._stop_reason or (
+                        WINDOW_END if stop_at is not None and time.time() >= stop_at else None), STOP_POLL_S)
+                    if isinstance(result, str):
+                        report.stopped_early = fallback = result
+                    else:
+                        fallback = result.fallback
+                        done = [(jobs.pop((r, a))[0], arm_result) for r, round_results in zip(rounds, result.rounds)
+                                for a, arm_result in zip(arms, round_results)]
+            except WorkerLost as exc:
+                report.trials += [self._lost(job, exc) for job, _ in jobs.values()]
+                return report, (f"interleaved launches: the worker of the paired validation was lost "
+                                f"({exc.__class__.__name__})")
+            finally:
+                for job, _ in jobs.values():
+                    job.beat.stop()
+            for job, arm_result in done:
+                job.beat.stop()
+                mark = _mark(job.trial)
+                assert mark is not None
+                job.trial.set_user_attr(VALIDATION_ATTR, dataclasses.replace(mark, paired=True).to_dict())
+                report.trials.append(self._finish(job, arm_result))
+                self._record_run(trial=job.trial.number)
+            for job, _ in jobs.values():
+                why = report.stopped_early or f"not run paired: {fallback}"
+                report.trials.append(self._not_finished(job, TrialState.STOPPED, why))
+        report.spent = self.spent()
+        if report.stopped_early is not None:
+            return report, PAIRED
+        return report, paired_design(len(done) // max(len(arms), 1), len(rounds), fallback)
 
     def _no_time_for_a_trial(self, deadline: float | None, stop_at: float | None,
                              validation: bool | None = None) -> bool:
@@ -306,7 +515,8 @@ class StudyRunner:
         if validation is None:
             waiting = self.study.get_trials(deepcopy=False, states=(OptunaState.WAITING,))
             validation = bool(waiting) and _mark(waiting[0]) is not None
-        expected_s = _expected_trial_s(self.repo, self.settings, self.ctx.trace.span_s, validation)
+        expected_s = _expected_trial_s(self.repo, self.settings, self.ctx.trace.span_s, validation,
+                                       self._baselines() if validation else set())
         return time.time() + expected_s > min(ends)
 
     def _baselines(self) -> set[int]:
@@ -360,6 +570,9 @@ class StudyRunner:
         mark = _mark(trial)
         whole = baseline or mark is not None or not self._carried_yet(trials)
         best = (None, None) if whole else _best_capacity(trials)
+        # A search trial that cannot carry the best so far's traffic by its KV cache is not launched.
+        if not baseline and mark is None and (short := self._short_of_best(config, trace, trials)) is not None:
+            return self._infeasible(trial, config, baseline, [short])
         # A validation launch starts its search where its configuration's capacity was found: most settle their
         # bracket in two probes after the reference, instead of climbing to it again.
         start = self._earlier_capacity(trials, mark) if mark is not None else None
@@ -370,6 +583,9 @@ class StudyRunner:
                          startup_timeout_s=self.settings.startup_timeout_s,
                          request_timeout_s=self.settings.request_timeout_s,
                          stop_rule=BoundaryWatch(self.ctx.boundary) if self.prune and not whole else None,
+                         # Every probe of a search, the baseline's and validation's too, ends once its verdict is
+                         # a certain failure: an overloaded probe does not wait for every request.
+                         verdict_rule=VerdictWatch(self.ctx.boundary) if self.settings.load.mode == "search" else None,
                          load=self.settings.load.for_launch(mark is not None).plan(
                              self.ctx.boundary, best_factor=best[0], below_reference=whole, start_factor=start),
                          resume=resume)
@@ -385,6 +601,20 @@ class StudyRunner:
         found = next((t for t in trials if t.trial_number == source), None)
         capacity = found.scored.capacity if found is not None and found.scored is not None else None
         return capacity.factor if capacity is not None else None
+
+    def _short_of_best(self, config: EngineConfig, trace: Trace, trials: list[StoredTrial]) -> str | None:
+        """Why `config`'s KV cache cannot carry the traffic the best search trial so far carries whole
+        (`tuner.kv_traffic`); None where it might, or where nothing measured yet bounds it."""
+        best = max((t.scored.carried_rps for t in candidates(trials)
+                    if t.scored is not None and t.scored.capacity is not None), default=None)
+        model, device = self.ctx.space_context.model_memory, self.ctx.space_context.device
+        if best is None or model is None or device is None:
+            return None
+        measured = [(t.engine_config, m) for t in trials
+                    for m in (t.measurement, *(j.probe.measurement for j in t.probes)) if m is not None]
+        floor = tpot_floor(measured, config)
+        bound = None if floor is None else kv_traffic_bound(estimate_kv(model, device, config), trace, floor, config)
+        return bound.reason(best) if bound is not None and bound.rps < best else None
 
     def _carried_yet(self, trials: list[StoredTrial]) -> bool:
         """Whether some search trial carried your traffic within the boundary, or none was scored yet (the first

@@ -1,0 +1,84 @@
+"""A run's budget: the slots' time it may spend (`tuner study run --budget 20m`: GPU time summed over slots) or the
+clock time it may take (`--window`, a schedule's window), and the plan that fits an answer into it.
+
+The search gets what the validation does not need: before each trial the run checks that the trial, at the
+median time of the study's trials of its kind, ends before the validation's share begins; the validation's
+launches (at the median time of a validation launch) are kept time for at the end. Where the budget cannot hold
+the validation, the search has it all and the answer says that it was not validated, and why.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from tuner.durations import format_duration
+
+
+@dataclass(frozen=True)
+class RunBudget:
+    """What one run may spend: slot time summed over slots, clock time, or both; and the validation launches it
+    keeps time for (0: no validation)."""
+
+    started_at: float  # time.time()
+    budget_s: float | None = None  # slot time, summed over slots
+    window_end: float | None = None  # time.time() by which the run ends
+    validation_launches: int = 0
+
+    def end(self, slots: int) -> float | None:
+        """When the run must have ended (time.time()), on this many slots; None without a limit."""
+        ends = [self.window_end] if self.window_end is not None else []
+        if self.budget_s is not None:
+            ends.append(self.started_at + self.budget_s / max(1, slots))
+        return min(ends, default=None)
+
+    def validation_s(self, slots: int, launch_s: float) -> float:
+        """The clock time the validation's launches take on this many slots, `launch_s` each."""
+        return math.ceil(self.validation_launches / max(1, slots)) * launch_s
+
+    def search_end(self, slots: int, launch_s: float) -> float | None:
+        """When the search's last trial must have ended, so that the validation fits before the end; the end
+        itself where the validation cannot fit from the start (the search then has it all)."""
+        end = self.end(slots)
+        if end is None:
+            return None
+        kept = end - self.validation_s(slots, launch_s)
+        return kept if kept > self.started_at else end
+
+
+@dataclass(frozen=True)
+class BudgetPlan:
+    """The plan a run made of its budget when its slots were up: trials of about `trial_s` each until the validation
+    must begin, then `validation_launches` of about `launch_s` each; `measured` trials behind the estimates (0: none
+    yet, and the run plans again once its first trial has ended)."""
+
+    unit: str  # "GPU" or "CPU slot"
+    slots: int
+    budget_s: float  # slot time, summed over slots
+    trial_s: float
+    launch_s: float
+    trials: int  # search trials that fit before the validation's share
+    validation_launches: int
+    validation_fits: bool
+    measured: int
+
+    def text(self) -> str:
+        """`budget 20m of GPU time on 1 GPU: about 4 search trials of 2m30s, then 4 validation launches of 3m05s
+        (12m20s kept for them); estimated from 6 trials`."""
+        slots = f"{self.slots} {self.unit}" + ("s" if self.slots != 1 else "")
+        head = f"budget {format_duration(self.budget_s)} of {self.unit} time on {slots}: "
+        if not self.measured:  # the trace's span says nothing of startup: no figure is better than a wrong one
+            keep = (f"{self.validation_launches} validation launches to keep time for" if self.validation_launches
+                    else "no validation")
+            return f"{head}{keep}; no trial measured yet, so the trials are planned once the first has ended"
+        search = f"about {self.trials} search trials of {format_duration(self.trial_s)}"
+        if not self.validation_launches:
+            plan = search
+        elif self.validation_fits:
+            kept = math.ceil(self.validation_launches / self.slots) * self.launch_s * self.slots
+            plan = (f"{search}, then {self.validation_launches} validation launches of "
+                    f"{format_duration(self.launch_s)} ({format_duration(kept)} kept for them)")
+        else:
+            plan = (f"{search}; {self.validation_launches} validation launches of {format_duration(self.launch_s)} "
+                    f"do not fit, so the answer will not be validated")
+        return f"{head}{plan}; estimated from {self.measured} trials"
