@@ -136,8 +136,8 @@ SERVE_FILES = ("test_service", "test_secrets")
 
 # The files of longest test time, longest first (BENCHMARKS.md, "Test suite time"): they start first, so that
 # neither worker is left with one of them while the other has nothing more to take.
-LONGEST_FIRST = ("test_main_job", "test_validation_vllm", "test_workers_ray", "test_engine_faults",
-                 "test_capacity_vllm", "test_report_vllm", "test_study_vllm", "test_schedules")
+LONGEST_FIRST = ("test_main_job", "test_validation_vllm", "test_report_vllm", "test_study_vllm",
+                 "test_capacity_vllm", "test_workers_ray", "test_engine_faults", "test_budget_vllm", "test_schedules")
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups

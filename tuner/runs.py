@@ -10,7 +10,9 @@ import uuid
 from dataclasses import dataclass, replace
 
 from tuner.errors import NotFound
-from tuner.study.events import RunReport, TrialDone, TrialStarted, TrialSummary, logged_dict, read_event_line
+from tuner.study.budget import BudgetPlan
+from tuner.study.events import (BudgetPlanned, RunReport, TrialDone, TrialStarted, TrialSummary, logged_dict,
+                                read_event_line)
 from tuner.supervisor import RunState, StudyRunChild, run_env, study_run_argv
 
 EVENTS_FILE = "events.jsonl"  # what the run writes as it goes: one JSON line per trial started or done
@@ -32,6 +34,7 @@ class RunRecord:
     result: RunReport | None = None  # what `tuner study run --json` printed
     in_flight: tuple[TrialStarted, ...] = ()  # trials started and not yet done
     finished: tuple[TrialSummary, ...] = ()  # their summaries, in the order they ended
+    plan: BudgetPlan | None = None  # the run's budget plan as it last said it; None without a budget
 
     def to_dict(self) -> dict:
         """The run as the service answers it: every field, each trial in flight as its line of the events file holds
@@ -41,7 +44,8 @@ class RunRecord:
                 "error": self.error, "result": self.result.to_dict() if self.result else None,
                 "in_flight": [logged_dict(started) for started in self.in_flight],
                 "finished": [summary.to_dict() for summary in self.finished],
-                "progress": {"done": len(self.finished), "of": self.trials}}
+                "progress": {"done": len(self.finished), "of": self.trials},
+                "plan": self.plan.to_dict() if self.plan else None}
 
     @classmethod
     def from_dict(cls, data: dict) -> RunRecord:
@@ -50,7 +54,8 @@ class RunRecord:
                    data["ended_at"], data["exit_code"], data["error"],
                    RunReport.from_dict(data["result"]) if data["result"] is not None else None,
                    tuple(TrialStarted.from_dict(started) for started in data["in_flight"]),
-                   tuple(TrialSummary.from_dict(summary) for summary in data["finished"]))
+                   tuple(TrialSummary.from_dict(summary) for summary in data["finished"]),
+                   BudgetPlan.from_dict(data["plan"]) if data.get("plan") else None)
 
 
 class _Run:
@@ -69,6 +74,7 @@ class _Run:
         end = self.child.end  # taken before the events are read: when it has ended, they are all there
         started: dict[int, TrialStarted] = {}
         finished: list[TrialSummary] = []
+        plan = None
         events = self.child.folder / EVENTS_FILE
         if events.exists():
             for line in events.read_text().splitlines():
@@ -78,7 +84,9 @@ class _Run:
                     case TrialDone(summary=summary):
                         started.pop(summary.number, None)
                         finished.append(summary)
-        record = replace(self.record, in_flight=tuple(started.values()), finished=tuple(finished))
+                    case BudgetPlanned(plan=said):
+                        plan = said
+        record = replace(self.record, in_flight=tuple(started.values()), finished=tuple(finished), plan=plan)
         if end is None:
             return record
         error = end.failure_reason() if end.state is RunState.FAILED else None

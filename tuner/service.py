@@ -153,6 +153,24 @@ class TrialInFlight(Answer):
     at: Number = Field(description="When it started, in seconds since the epoch.")
 
 
+class BudgetPlanAnswer(Answer):
+    """A run's budget plan (`tuner.study.budget.BudgetPlan`): its slots, budget (seconds of slot time), the search
+    trials that fit and their expected length, the validation's launches and whether they fit, and the plan in
+    words."""
+
+    unit: str
+    slots: int
+    budget_s: Number
+    trial_s: Number
+    launch_s: Number
+    trials: int
+    validation_launches: int
+    validation_fits: bool
+    measured: int
+    probes: int
+    text: str
+
+
 class RunAnswer(Answer):
     """One run as the service reports it (`tuner.runs.RunRecord`): its state, the trials in flight and those
     finished, and once it has ended what it reported."""
@@ -169,6 +187,8 @@ class RunAnswer(Answer):
     in_flight: list[TrialInFlight]
     finished: list[TrialSummaryAnswer] = Field(description="In the order they ended.")
     progress: RunProgress
+    plan: Optional[BudgetPlanAnswer] = Field(None, description="The budget's plan as the run last said it; None "
+                                                               "without a budget or a window")
 
     @classmethod
     def of(cls, record: RunRecord) -> RunAnswer:

@@ -248,3 +248,25 @@ def test_the_runner_concludes_each_arms_round_as_a_paired_validation_launch(tmp_
     assert validation.verdict().splitlines()[1] == "paired on one engine pair with sleep mode"
     assert all(stored[s.number].validation.paired and stored[s.number].timings.startup_s > 0 for s in report.trials)
     assert all((trial_dir(plan.artifact_dir, "aa", s.number) / "measurement.json").is_file() for s in report.trials)
+
+
+@pytest.mark.vllm
+def test_on_vllms_cpu_build_the_paired_job_reaches_a_ray_worker_and_falls_back_at_its_first_launch(tiny_model,
+                                                                                                   tmp_path):
+    # The paired job as a validation sends it, through Ray to the slot's worker, on real vLLM: the CPU build refuses
+    # --enable-sleep-mode at startup, so the job ends at its first launch with that reason and no round, and the
+    # driver goes on with interleaved launches (the stand-ins above show what it does where sleep mode serves).
+    from tuner.workers.pool import PairedResult, WorkerPool
+
+    spec = PairedSpec(((TrialSpec(tiny_model, TRACE, _config(0), tmp_path / "trial-0", startup_timeout_s=300,
+                                  request_timeout_s=30, load=PLAN),
+                        TrialSpec(tiny_model, TRACE, _config(1), tmp_path / "trial-1", startup_timeout_s=300,
+                                  request_timeout_s=30, load=PLAN)),))
+    with WorkerPool(1) as pool:
+        result = pool.run_paired(0, spec, lambda: None, 1.0)
+    assert isinstance(result, PairedResult) and result.rounds == (), result
+    assert result.fallback is not None and result.fallback.startswith("engine 1 of 2 did not start with sleep mode ("),\
+        result.fallback
+    log = (tmp_path / "trial-0" / "server.log").read_text()
+    assert "Sleep mode is not supported on current platform" in log, log[-2000:]
+    assert not (tmp_path / "trial-1" / "server.log").exists()  # the second engine was never launched

@@ -139,9 +139,10 @@ def test_an_upgrade_from_an_earlier_revision_keeps_every_study_and_trial(url, ea
     repo.migrate()
     assert revision(repo, VERSION_TABLE) == [LATEST]
     assert (row_count(repo, "tuner_studies"), row_count(repo, "tuner_trials")) == (2, 3)
-    with repo.engine.connect() as conn:  # a study stored before allows FP8 only where its space searched it
+    with repo.engine.connect() as conn:  # a study stored before 0007 allows FP8 only where its space searched it
         allowed = conn.execute(sa.text("SELECT name, allow_fp8 FROM tuner_studies ORDER BY name")).all()
-    assert [tuple(r) for r in allowed] == [("fp8", True), ("kept", False)]
+    assert [tuple(r) for r in allowed] == [("fp8", earlier < "0007"), ("kept", False)]
+    assert repo.runs("kept") == []  # 0008: runs are kept from now on
 
 
 def test_a_schedule_runs_table_made_by_hand_before_0002_is_kept_by_the_upgrade(url):

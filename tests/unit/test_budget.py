@@ -36,9 +36,9 @@ def test_a_validation_that_cannot_fit_leaves_the_search_the_whole_budget():
                                         (False, "; 4 validation launches of 2m30s do not fit, so the answer will "
                                                 "not be validated")])
 def test_the_plan_says_what_it_keeps_and_what_does_not_fit(fits, said):
-    plan = BudgetPlan("GPU", 1, 1200.0, 120.0, 150.0, 5, 4, fits, 3)
-    assert plan.text() == (f"budget 20m00s of GPU time on 1 GPU: about 5 search trials of 2m00s{said}; "
-                           f"estimated from 3 trials")
+    plan = BudgetPlan("GPU", 1, 1200.0, 120.0, 150.0, 5, 4, fits, 3, probes=6)
+    assert plan.text() == (f"budget 20m00s of GPU time on 1 GPU: about 5 search trials of 2m00s (at most 6 probes "
+                           f"each){said}; estimated from 3 trials")
 
 
 def test_before_any_trial_the_plan_gives_no_figure():

@@ -22,6 +22,7 @@ from tuner.errors import TunerError
 from tuner.validation import DEFAULT_REPEATS, DEFAULT_TOP
 
 if TYPE_CHECKING:  # annotations only: the commands load what they run when they run
+    from tuner.study.budget import BudgetPlan
     from tuner.study.events import RunEvent, RunReport, TrialStarted, TrialSummary
 
 
@@ -62,6 +63,13 @@ class RunProgress:
         self.overall = progress.add_task(f"study {name}: starting Ray", total=trials)
         self.running: dict[int, TaskID] = {}
         self.signalled: list[str] = []
+        self.plan: BudgetPlan | None = None
+
+    def planned(self, plan: BudgetPlan) -> None:
+        """The run's budget plan, said once each time it is made (none with --json)."""
+        if not self.as_json and plan != self.plan:
+            err.print(plan.text(), highlight=False)
+        self.plan = plan
 
     def describe(self, text: str) -> None:
         """Say what the run as a whole is doing."""
@@ -245,8 +253,8 @@ def _run_here(settings: RunSettings, shown: RunProgress, *, against_itself: bool
                 replaced.update(_stop_on_signals(runner.stop, shown.signalled))
                 shown.describe(f"study {settings.name} ({slots} slots)")
             case BudgetPlanned(plan=plan):
-                if not shown.as_json:
-                    err.print(plan.text(), highlight=False)
+                record(event)
+                shown.planned(plan)
             case TrialStarted():
                 record(event)
                 shown.started(event)
@@ -313,6 +321,8 @@ def _run_on_service(settings: RunSettings, shown: RunProgress) -> RunReport:
     shown_done = 0
     try:
         while True:
+            if run.plan is not None:
+                shown.planned(run.plan)
             for started in run.in_flight:
                 if started.number not in shown_started:
                     shown_started.add(started.number)

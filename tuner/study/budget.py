@@ -10,7 +10,8 @@ the validation, the search has it all and the answer says that it was not valida
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from typing import Any
 
 from tuner.durations import format_duration
 
@@ -61,6 +62,16 @@ class BudgetPlan:
     validation_launches: int
     validation_fits: bool
     measured: int
+    probes: int = 1  # a search trial's probes at most (`LoadPolicy.probe_budget`); a validation launch's, twice that
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field, and the plan in words (`text`)."""
+        return {**asdict(self), "text": self.text()}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> BudgetPlan:
+        """The plan `to_dict` gave (its text is made again, not read)."""
+        return cls(**{k: v for k, v in data.items() if k != "text"})
 
     def text(self) -> str:
         """`budget 20m of GPU time on 1 GPU: about 4 search trials of 2m30s, then 4 validation launches of 3m05s
@@ -71,7 +82,8 @@ class BudgetPlan:
             keep = (f"{self.validation_launches} validation launches to keep time for" if self.validation_launches
                     else "no validation")
             return f"{head}{keep}; no trial measured yet, so the trials are planned once the first has ended"
-        search = f"about {self.trials} search trials of {format_duration(self.trial_s)}"
+        each = f" (at most {self.probes} probes each)" if self.probes > 1 else ""
+        search = f"about {self.trials} search trials of {format_duration(self.trial_s)}{each}"
         if not self.validation_launches:
             plan = search
         elif self.validation_fits:

@@ -89,9 +89,20 @@ class PoolReady:
 
 @dataclass(frozen=True)
 class BudgetPlanned:
-    """A run under a budget planned its search and validation, its slots up."""
+    """A run under a budget planned its search and validation, its slots up (and again once its first trial
+    ended)."""
 
+    KIND: ClassVar[str] = "budget_planned"  # its `kind` in the run's events file
     plan: BudgetPlan
+
+    def to_dict(self) -> dict:
+        """JSON-ready, as the run's events file holds it."""
+        return {"plan": self.plan.to_dict()}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> BudgetPlanned:
+        """The event `to_dict` gave (other keys, such as the events file's `kind`, are left out)."""
+        return cls(BudgetPlan.from_dict(data["plan"]))
 
 
 @dataclass(frozen=True)
@@ -146,10 +157,11 @@ class TrialDone:
 RunEvent = PoolReady | BudgetPlanned | TrialStarted | WorkerDone | TrialDone  # what `on_event` is given
 
 
-# The run's events file (`tuner study run --events`): one JSON line per trial started or done, read by whoever
-# follows the run (the service's runs).
-LoggedEvent = TrialStarted | TrialDone
-_LOGGED: dict[str, type[TrialStarted] | type[TrialDone]] = {kind.KIND: kind for kind in (TrialStarted, TrialDone)}
+# The run's events file (`tuner study run --events`): one JSON line per trial started or done and per budget plan,
+# read by whoever follows the run (the service's runs).
+LoggedEvent = TrialStarted | TrialDone | BudgetPlanned
+_LOGGED: dict[str, type[TrialStarted] | type[TrialDone] | type[BudgetPlanned]] = {
+    kind.KIND: kind for kind in (TrialStarted, TrialDone, BudgetPlanned)}
 
 
 def logged_dict(event: LoggedEvent) -> dict:

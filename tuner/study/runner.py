@@ -374,7 +374,8 @@ class StudyRunner:
         unit = slot_unit(self._run.gpus_per_slot if self._run else 0)
         return BudgetPlan(unit, slots, (end - budget.started_at) * slots, trial_s, launch_s,
                           fit if n_trials is None else min(fit, n_trials), budget.validation_launches,
-                          search_end < end or not budget.validation_launches, measured)
+                          search_end < end or not budget.validation_launches, measured,
+                          self.settings.load.probe_budget if self.settings.load.mode == "search" else 1)
 
     @_stops_when_the_database_is_lost
     def validate(self, top: int, repeats: int, *, against_itself: bool = False, deadline: float | None = None,
