@@ -186,3 +186,32 @@ def test_the_command_line_prints_the_plan_and_refuses_a_bad_price(tmp_path, monk
 def test_nothing_measured_is_a_clear_error(url, tmp_path):
     with pytest.raises(TunerError, match="s1: no configuration was measured within the boundary yet"):
         _plan(url, tmp_path, [replace(scored_trial(0, None), score=None)])
+
+
+def test_the_report_draws_replicas_against_traffic(tmp_path):
+    from tuner.report import collect_report, render_html
+    from tuner.report.figures import replicas_figure
+
+    url = f"sqlite:///{tmp_path / 'tuner.db'}"
+    launches = [scored_trial(number, value, config=config, mark=ValidationMark(1, r, 2, arm, of))
+                for number, (r, arm, of, value, config) in enumerate(
+                    [(1, 0, None, 2.0, EngineConfig()), (1, 1, 1, 3.0, EngineConfig(max_num_seqs=8)),
+                     (2, 0, None, 2.02, EngineConfig()), (2, 1, 1, 3.03, EngineConfig(max_num_seqs=8))], start=2)]
+    storage = store_study(url, tmp_path / "artifacts", _settings(native_trace(tmp_path / "trace.jsonl", DAY)),
+                          [scored_trial(0, 2.0, config=EngineConfig()),
+                           scored_trial(1, 3.0, config=EngineConfig(max_num_seqs=8), **CAPPED), *launches])
+    data = collect_report("s1", storage)
+    fig = replicas_figure(data)
+    names = [trace.name for trace in fig.data if trace.showlegend is not False]
+    assert names == ["trial 0 (vLLM's default): its capacity's 95% interval",
+                     f"trial 0 (vLLM's default): {data.capacity_plan.configurations[0].capacity.text()}",
+                     "trial 1 (recommended): its capacity's 95% interval",
+                     f"trial 1 (recommended): {data.capacity_plan.configurations[1].capacity.text()}"]
+    # The step line at trial 1's central capacity: 1 replica up to 0.8 of it, 2 above.
+    central = fig.data[5]
+    capacity = data.capacity_plan.configurations[1].capacity.rps
+    assert {y for x, y in zip(central.x, central.y) if x <= 0.8 * capacity} == {1}
+    assert 'data-figure="replicas"' in render_html(data)
+    # A study whose trace cannot be read here has no plan to draw: the page leaves the section out.
+    Path(data.settings.trace_path).unlink()
+    assert 'id="replicas"' not in render_html(collect_report("s1", storage))
