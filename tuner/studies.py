@@ -586,6 +586,7 @@ class PeakAnswer(Answer):
 class TrafficAnswer(Answer):
     """The traffic a plan is for (`tuner.study.capacity_plan.Traffic`) and where each part comes from."""
 
+    trace: str = Field(description="Which requests: the whole trace file, not only the window the study replays")
     scale: Number = Field(description="The trace's recorded rate times this")
     scale_source: str
     peak: PeakAnswer

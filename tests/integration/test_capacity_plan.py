@@ -121,6 +121,10 @@ def test_the_study_scale_is_the_default_and_said(url, tmp_path):
     plan = _search(url, tmp_path, rate_scale=2.0)
     assert plan.traffic.scale == 2.0 and "x2 its recorded rate (the study's rate scale)" in plan.traffic.peak_source
     assert plan.traffic.peak.rps == pytest.approx(8.0)
+    # A day replayed twice as fast is still a day: its hours keep the trace's clock, their rates doubled.
+    assert plan.traffic.hourly_rps == pytest.approx([8.0 if h == 5 else 2.0 for h in range(24)])
+    # (24 x 1 + 4) x 3600 requests
+    assert plan.traffic.trace == "the whole trace file trace.jsonl: 100800 requests over 25 hours as recorded"
 
 
 def test_a_peak_below_one_replicas_capacity_needs_one(url, tmp_path):

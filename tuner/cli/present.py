@@ -244,9 +244,11 @@ def print_plan(plan: PlanAnswer) -> None:
     """`tuner study plan`: the traffic and the assumptions, then each configuration's capacity, replicas at the peak,
     its hours and cost a day, and whether a setting or another replica relieves it; the day hour by hour."""
     traffic = plan.traffic
-    window = f" (window {traffic.peak.window_s:g} s from {traffic.peak.start_s:.0f} s)" if traffic.peak.window_s else ""
+    window = (f" (starting {traffic.peak.start_s:.0f} s into the trace at that rate)" if traffic.peak.window_s
+              else "")
     out.print(f"study {plan.study}: peak {traffic.peak.rps:.3g} req/s from {traffic.peak_source}{window}",
               highlight=False)
+    out.print(f"traffic: {traffic.trace}", highlight=False)
     out.print(f"day: {traffic.day_source}", highlight=False)
     out.print(f"assumed: each replica runs at {plan.headroom:.0%} of its capacity (--headroom); "
               f"{plan.unit}s per replica: its tensor_parallel_size"

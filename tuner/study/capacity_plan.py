@@ -61,6 +61,7 @@ class PlanOptions:
 class Traffic:
     """The traffic planned for and where each part comes from."""
 
+    trace: str  # which requests: the whole trace file (the user's traffic), not only the window a study replays
     scale: float  # the trace's recorded rate times this
     scale_source: str
     peak: PeakRate
@@ -71,9 +72,10 @@ class Traffic:
 
     def to_dict(self) -> dict[str, Any]:
         """For programs: every field, the peak as a record."""
-        return {"scale": self.scale, "scale_source": self.scale_source, "peak": self.peak.to_dict(),
-                "peak_source": self.peak_source, "hourly_rps": list(self.hourly_rps) if self.hourly_rps else None,
-                "day_source": self.day_source, "output_tokens_per_request": self.output_tokens_per_request}
+        return {"trace": self.trace, "scale": self.scale, "scale_source": self.scale_source,
+                "peak": self.peak.to_dict(), "peak_source": self.peak_source,
+                "hourly_rps": list(self.hourly_rps) if self.hourly_rps else None, "day_source": self.day_source,
+                "output_tokens_per_request": self.output_tokens_per_request}
 
 
 @dataclass(frozen=True)
@@ -228,27 +230,31 @@ def _trace_traffic(settings: StudySettings, options: PlanOptions) -> tuple[Traff
             trace = spread_buckets(trace)
         if trace.sha256 != settings.trace_sha256:
             notes.append(f"the trace file {settings.trace_path} changed since the study was created")
-    arrivals = [r.arrival_s / scale for r in trace.requests] if trace is not None else []
+    recorded = [r.arrival_s for r in trace.requests] if trace is not None else []
     scaled = f"x{scale:g} its recorded rate ({scale_source})"
     if options.peak_rps is not None:
         peak, peak_source = PeakRate(options.peak_rps, 0.0, 0.0), "--peak"
     else:
-        peak = busiest_window(arrivals, options.peak_window_s)
+        peak = busiest_window([t / scale for t in recorded], options.peak_window_s)
         peak_source = f"the trace's busiest {options.peak_window_s:g} s window at {scaled}"
     if options.hourly_rps is not None:
         hourly, day_source = options.hourly_rps, "--rates"
     else:
-        hourly = hourly_rates(arrivals) if arrivals else None
-        span_h = (max(arrivals) - min(arrivals)) / 3600 if arrivals else 0.0
+        # A day on the trace's own clock, each hour's rate scaled: a faster replay of a day is still one day.
+        by_hour = hourly_rates(recorded) if recorded else None
+        hourly = tuple(rate * scale for rate in by_hour) if by_hour is not None else None
+        span_h = (max(recorded) - min(recorded)) / 3600 if recorded else 0.0
         if hourly is not None:
-            day_source = f"the trace's arrivals per hour at {scaled}, hour 0 its first"
+            day_source = f"the trace's arrivals per hour of its own clock at {scaled}, hour 0 its first"
         else:
             day_source = (f"no daily curve: the trace spans {span_h:.2g} hours, less than a day; give --rates FILE"
-                          if arrivals else "no daily curve: no trace to take it from; give --rates FILE")
+                          if recorded else "no daily curve: no trace to take it from; give --rates FILE")
             if options.day:
                 raise TunerError(f"study {settings.name}: {day_source} (hour,rps, 24 rows)")
     tokens = statistics.fmean(r.output_tokens for r in trace.requests) if trace is not None else None
-    return Traffic(scale, scale_source, peak, peak_source, hourly, day_source, tokens), notes
+    source = (f"the whole trace file {Path(settings.trace_path).name}: {len(recorded)} requests over "
+              f"{(max(recorded) - min(recorded)) / 3600:.3g} hours as recorded" if recorded else "no trace")
+    return Traffic(source, scale, scale_source, peak, peak_source, hourly, day_source, tokens), notes
 
 
 def plan_capacity(repo: Repository, settings: StudySettings, optuna_study: optuna.Study,
