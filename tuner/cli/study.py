@@ -226,7 +226,11 @@ def study_plan(
         except (OSError, UnicodeDecodeError) as exc:
             raise TunerError(f"--rates {rates}: cannot read the file ({exc})") from None
         hourly = read_hourly_rates(str(rates), text)
-    options = PlanOptions(peak, parse_duration(peak_window), scale, hourly, gpu_hour_cost, headroom, day)
+    try:
+        window_s = parse_duration(peak_window)
+    except TunerError as exc:
+        raise TunerError(f"--peak-window: {exc}") from None
+    options = PlanOptions(peak, window_s, scale, hourly, gpu_hour_cost, headroom, day)
     plan = study_answers(server, token_file, storage, artifacts).capacity_plan(name, options)
     if as_json:
         return print_json(plan.to_dict())

@@ -192,7 +192,9 @@ def remedy(limit: LimitingResource | None, trial: StoredTrial, space: SearchSpac
     if setting is None:
         if limit.kind is Limit.COMPUTE:
             return f"{queue}another replica: the engine itself is the limit (compute, nothing at a cap)"
-        return f"{queue}neither is supported yet: the measurement names no limiting resource ({limit.kind.value})"
+        why = ("vLLM's gauges were read too seldom to name a limit" if limit.kind is Limit.UNREAD
+               else "nothing was at a cap and throughput still grew with load")
+        return f"{queue}neither is supported yet: {why}"
     current = (limit.evidence.get(setting) if setting != "gpu_memory_utilization"
                else trial.engine_config.gpu_memory_utilization or VLLM_DEFAULT_GPU_MEMORY_UTILIZATION)
     if space is None:
