@@ -20,6 +20,8 @@ DEFAULT_PEAK_WINDOW_S = 60.0
 HOURS = 24
 # A ratio this close above a whole number is that number (10 / (12.5 * 0.8) is 1.0000000000000002 in floats).
 WHOLE = 1e-9
+# No rate or price is larger (req/s, US dollars): beyond it the day's sums would overflow a float.
+LARGEST = 1e12
 
 
 @dataclass(frozen=True)
@@ -83,10 +85,18 @@ def check_headroom(headroom: float) -> float:
 
 
 def check_price(usd_per_gpu_hour: float | None) -> float | None:
-    """A price per GPU-hour as given; TunerError for zero or a negative one (None: no price given)."""
-    if usd_per_gpu_hour is not None and not usd_per_gpu_hour > 0:
+    """A price per GPU-hour as given; TunerError for zero, a negative one or one past any price (None: no price
+    given)."""
+    if usd_per_gpu_hour is not None and not 0 < usd_per_gpu_hour <= LARGEST:
         raise TunerError(f"--gpu-hour-cost must be above 0 (US dollars per GPU-hour), got {usd_per_gpu_hour:g}")
     return usd_per_gpu_hour
+
+
+def check_rate(option: str, rps: float, zero: bool = False) -> float:
+    """A rate as given, req/s: above 0 (or 0 with `zero`) and finite; TunerError naming `option` otherwise."""
+    if not (0 <= rps <= LARGEST if zero else 0 < rps <= LARGEST):
+        raise TunerError(f"{option} must be {'0 or more' if zero else 'above 0'} req/s, got {rps:g}")
+    return rps
 
 
 def _replicas(rate_rps: float, capacity_rps: float, headroom: float) -> int:
@@ -117,7 +127,7 @@ class PeakRate:
 def busiest_window(arrivals_s: Sequence[float], window_s: float) -> PeakRate:
     """The most arrivals within any `window_s` seconds (from one arrival on), as a rate; a trace shorter than the
     window counts over the window all the same, as its traffic would arrive at that rate."""
-    if window_s <= 0:
+    if not 0 < window_s < math.inf:
         raise TunerError(f"--peak-window must be above 0 seconds, got {window_s:g}")
     if not arrivals_s:
         raise TunerError("the trace has no arrivals to take a peak from")
@@ -168,9 +178,7 @@ def read_hourly_rates(path: str, text: str) -> tuple[float, ...]:
         if not 0 <= hour < HOURS or hour in rates:
             why = "listed twice" if hour in rates else "not an hour 0-23"
             raise TunerError(f"{path}, line {n}: hour {hour} is {why}")
-        if not (math.isfinite(rps) and rps >= 0):
-            raise TunerError(f"{path}, line {n}: the rate must be 0 or more req/s, got {parts[1]}")
-        rates[hour] = rps
+        rates[hour] = check_rate(f"{path}, line {n}: the rate", rps, zero=True)
     if len(rates) != HOURS:
         missing = ", ".join(str(h) for h in range(HOURS) if h not in rates)
         raise TunerError(f"{path}: a day needs 24 rows, one per hour 0-23; missing hours {missing}")

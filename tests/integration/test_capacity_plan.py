@@ -153,6 +153,10 @@ def test_the_plan_is_kept_for_the_dashboard_and_served_with_its_schema(url, tmp_
     assert body["configurations"][1]["day"]["cost_usd"] == [62.5, 62.5]  # 25 slot-hours at $2.5
     assert client.get("/studies/s1/plan", params={"gpu_hour_cost": 0}).json() == {
         "detail": "--gpu-hour-cost must be above 0 (US dollars per GPU-hour), got 0"}
+    # Numbers past any traffic or price are refused as bad input, never a server error.
+    for bad in ({"peak": "nan"}, {"gpu_hour_cost": "inf"}, {"peak_window_s": "nan"}, {"headroom": "1.5"},
+                {"rates": ["1e300"] * 24}, {"rates": ["1"] * 23}):
+        assert client.get("/studies/s1/plan", params=bad).status_code == 400, bad
     schema = client.get("/openapi.json").json()
     assert "PlanAnswer" in schema["components"]["schemas"]
     attrs = optuna.load_study(study_name="s1", storage=url).user_attrs[CAPACITY_PLAN_ATTR]

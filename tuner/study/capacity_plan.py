@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 from tuner.diagnosis import Limit, LimitingResource
 from tuner.errors import TunerError
-from tuner.replicas import (DEFAULT_HEADROOM, DEFAULT_PEAK_WINDOW_S, DayPlan, MeasuredCapacity, PeakRate,
-                            ReplicaCount, busiest_window, check_headroom, check_price, day_plan, hourly_rates,
-                            replicas_for)
+from tuner.replicas import (DEFAULT_HEADROOM, DEFAULT_PEAK_WINDOW_S, LARGEST, DayPlan, MeasuredCapacity, PeakRate,
+                            ReplicaCount, busiest_window, check_headroom, check_price, check_rate, day_plan,
+                            hourly_rates, replicas_for)
 
 if TYPE_CHECKING:
     import optuna
@@ -51,10 +51,14 @@ class PlanOptions:
     def __post_init__(self) -> None:
         check_headroom(self.headroom)
         check_price(self.gpu_hour_usd)
-        if self.peak_rps is not None and not (self.peak_rps > 0 and math.isfinite(self.peak_rps)):
-            raise TunerError(f"--peak must be above 0 req/s, got {self.peak_rps:g}")
-        if self.scale is not None and not (self.scale > 0 and math.isfinite(self.scale)):
+        if self.peak_rps is not None:
+            check_rate("--peak", self.peak_rps)
+        for hour, rps in enumerate(self.hourly_rps or ()):
+            check_rate(f"the rate of hour {hour}", rps, zero=True)
+        if self.scale is not None and not 0 < self.scale <= LARGEST:
             raise TunerError(f"--scale must be above 0, got {self.scale:g}")
+        if not 0 < self.peak_window_s < math.inf:
+            raise TunerError(f"--peak-window must be above 0 seconds, got {self.peak_window_s:g}")
 
 
 @dataclass(frozen=True)
