@@ -17,6 +17,7 @@ from fastapi.testclient import TestClient
 from factories import SEQS_SPACE, native_trace, scored_trial, store_study, study_settings
 from tuner.errors import TunerError
 from tuner.service import build_api
+from tuner.service_client import RemoteStudies, ServiceClient
 from tuner.storage import ValidationMark
 from tuner.studies import LocalStudies
 from tuner.study.capacity_plan import CAPACITY_PLAN_ATTR, PlanOptions, plan_capacity
@@ -162,6 +163,12 @@ def test_the_plan_is_kept_for_the_dashboard_and_served_with_its_schema(url, tmp_
     attrs = optuna.load_study(study_name="s1", storage=url).user_attrs[CAPACITY_PLAN_ATTR]
     assert attrs["peak_rps"] == 30.0
     assert attrs["configurations"][1] == "trial 1 (recommended): 13 replicas, 25 CPU slot-hours a day"
+    # `--server`: the command line asks the route and prints the same plan as here.
+    remote = ServiceClient("http://testserver")
+    remote._http = client
+    options = PlanOptions(peak_rps=30.0, hourly_rps=(6.0,) * 24, gpu_hour_usd=2.5, headroom=0.5, day=True)
+    assert RemoteStudies(remote).capacity_plan("s1", options).to_dict() == \
+        studies.capacity_plan("s1", options).to_dict()
 
 
 def test_the_command_line_prints_the_plan_and_refuses_a_bad_price(tmp_path, monkeypatch):
