@@ -102,6 +102,16 @@ def test_a_validated_study_gives_a_range_of_replicas(url, tmp_path):
     assert default.capacity_source == "validation 1: 2 launches"
 
 
+def test_a_recommendation_in_fp8_is_planned_beside_the_best_at_the_models_own_precision(url, tmp_path):
+    trials = [scored_trial(0, 2.0, config=EngineConfig()),
+              scored_trial(1, 4.0, config=EngineConfig(quantization="fp8")),
+              scored_trial(2, 3.0, config=EngineConfig(max_num_seqs=8), **CAPPED)]
+    plan = _plan(url, tmp_path, trials, options=PlanOptions(peak_rps=12.0, headroom=1.0))
+    assert [(c.trial, c.role, c.peak_replicas.text()) for c in plan.configurations] == [
+        (0, "vLLM's default", "6 replicas"), (1, "recommended", "3 replicas"),
+        (2, "best at the model's own precision", "4 replicas")]
+
+
 def test_a_trace_shorter_than_a_day_gives_no_daily_curve_and_says_so(url, tmp_path):
     trace = native_trace(tmp_path / "trace.jsonl", [1.0, 2.0])
     storage = store_study(url, tmp_path / "artifacts", _settings(trace),
