@@ -232,3 +232,11 @@ def running_dashboard(common: list[str] | tuple[str, ...]) -> Iterator[Dashboard
     finally:
         proc.terminate()
         dashboard.output, _ = proc.communicate(timeout=10)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def url(request, tmp_path: Path) -> str:
+    """A fresh database for tuner's storage: an SQLite file, then a PostgreSQL database of its own."""
+    if request.param == "postgresql":
+        return request.getfixturevalue("postgres_database")
+    return f"sqlite:///{tmp_path / 'tuner.db'}"

@@ -12,7 +12,7 @@ import yaml
 from tuner.capacity import JudgedProbe, Verdict
 from tuner.hardware import HardwareInfo
 from tuner.kv_budget import ModelMemory
-from tuner.storage import StudyModel, StudySettings
+from tuner.storage import StoredTrial, StudyModel, StudySettings
 from tuner.traces.selection import TraceSelection
 from tuner.workers.engine_config import EngineConfig
 from tuner.workers.failures import classify_failure
@@ -127,3 +127,59 @@ def trial_record(records: list[RequestRecord], *, died: bool) -> TrialRecord:
         measurement=measure(ReplayResult(records, 3.0, None, None)),
         failure=classify_failure(-9, log, was_serving=True) if died else None, log_path="/tmp/trial-3.log",
     )
+
+
+# --- stored studies, without engines ----------------------------------------------------------------------
+
+# A space file that searches max_num_seqs up to 256 (the settings stored with a study keep its text).
+SEQS_SPACE = "name: seqs\nparameters:\n  max_num_seqs: {type: int, low: 8, high: 256}\n"
+
+
+def scored_trial(number: int, capacity_rps: float | None, *, config: EngineConfig | None = None,
+                 mark: Any = None, hardware: HardwareInfo = MACHINE, **measured: Any) -> StoredTrial:
+    """A completed search trial (or validation launch, `mark`) of study s1 whose load search carried `capacity_rps`
+    within the boundary (None: no load passed) and failed 10% above it, measured as `measurement(**measured)`."""
+    from tuner.scoring import Capacity, Score
+    from tuner.storage import StoredTrial, TrialState
+
+    m = measurement(**measured)
+    score = Score(m.completed_rps, m.e2e_s.p95, m.output_tps, 1.0, {}, [],
+                  Capacity(capacity_rps, None, None, capacity_rps * 1.1 if capacity_rps else None, 4, "edge found"))
+    return StoredTrial("s1", number, 1, TrialState.COMPLETE, config or EngineConfig(max_num_seqs=64),
+                       "vllm serve /models/tiny", m, None, None, None, None, None, None, hardware, "0.32.0",
+                       "2025-05-01T10:05:00+00:00", "2025-05-01T10:06:00+00:00", score, validation=mark)
+
+
+def store_study(url: str, artifacts: Path, settings: StudySettings, trials: list[StoredTrial],
+                baseline: int = 0) -> Any:
+    """`settings` and `trials` (numbered 0, 1, ...) stored at `url` as a study run would leave them, trial
+    `baseline` marked as vLLM's default on Optuna's side; the StoragePlan to read them back with."""
+    import optuna
+    from optuna.trial import TrialState, create_trial
+
+    from tuner.scoring import DIRECTIONS
+    from tuner.study.attrs import BASELINE_ATTR
+    from tuner.study.plan import StoragePlan
+
+    plan = StoragePlan.resolve(url, artifacts)
+    repo = plan.repository()
+    repo.save_study(settings)
+    study = optuna.create_study(study_name=settings.name, storage=plan.optuna_storage(), directions=list(DIRECTIONS))
+    for t in sorted(trials, key=lambda t: t.trial_number):
+        study.add_trial(create_trial(state=TrialState.COMPLETE, values=[1.0, 1.0],
+                                     user_attrs={BASELINE_ATTR: True} if t.trial_number == baseline else {}))
+        repo.save_trial(t, [])
+    return plan
+
+
+def native_trace(path: Path, rates_per_hour: list[float], output_tokens: int = 100) -> Path:
+    """A native trace at `path`: for each hour in turn, requests evenly spaced at that hour's rate (req/s)."""
+    import json
+
+    lines = []
+    for hour, rate in enumerate(rates_per_hour):
+        count = round(rate * 3600)
+        lines += [json.dumps({"arrival_s": hour * 3600 + i * 3600 / count, "input_tokens": 200,
+                              "output_tokens": output_tokens}) for i in range(count)]
+    path.write_text("\n".join(lines) + "\n")
+    return path

@@ -25,8 +25,8 @@ from tuner.runs import RunBook, RunRecord
 from tuner.schedules import ScheduleBook
 from tuner.storage import TrialState, ValidationMark
 from tuner.studies import (Answer, CapacityAnswer, Enqueued, JsonObject, LocalStudies, NoRecommendation, Number,
-                           RecommendationAnswer, ReportAnswer, ScoreAnswer, StatedContext, StudyCreated, StudyListing,
-                           SpendAnswer, StudyRequest, StudyStatus)
+                           PlanAnswer, RecommendationAnswer, ReportAnswer, ScoreAnswer, StatedContext, StudyCreated,
+                           StudyListing, SpendAnswer, StudyRequest, StudyStatus)
 from tuner.supervisor import STOP_GRACE_S, RunState
 
 TOKEN_ENV = "TUNER_API_TOKEN"
@@ -328,6 +328,24 @@ def build_api(studies: LocalStudies, runs: RunBook, schedules: ScheduleBook, tok
     @api.post("/studies/{name}/enqueue", tags=["studies"], dependencies=guarded)
     def study_enqueue(name: str, request: EnqueueRequest) -> Enqueued:
         return studies.enqueue(name, request.settings)
+
+    @api.get("/studies/{name}/plan", tags=["studies"], dependencies=guarded, response_model_exclude_unset=True,
+             response_model=PlanAnswer)
+    def study_plan(name: str, peak: Annotated[Optional[float], Query(description="Peak req/s; default: the trace's "
+                                                                                 "busiest window")] = None,
+                   peak_window_s: float = 60.0,
+                   scale: Annotated[Optional[float], Query(description="The trace's recorded rate times this; "
+                                                                       "default: the study's rate scale")] = None,
+                   rates: Annotated[Optional[list[float]], Query(description="24 rates, req/s, hour 0 to 23")] = None,
+                   gpu_hour_cost: Annotated[Optional[float], Query(description="US dollars per GPU-hour")] = None,
+                   headroom: float = 0.8, day: bool = False) -> PlanAnswer:
+        from tuner.replicas import HOURS
+        from tuner.study.capacity_plan import PlanOptions
+
+        if rates is not None and len(rates) != HOURS:
+            raise TunerError(f"rates: a day needs 24 rates, hour 0 to 23; got {len(rates)}")
+        return studies.capacity_plan(name, PlanOptions(peak, peak_window_s, scale, tuple(rates) if rates else None,
+                                              gpu_hour_cost, headroom, day))
 
     @api.get("/studies/{name}/report", tags=["studies"], dependencies=guarded, response_model_exclude_unset=True)
     def study_report(name: str) -> ReportAnswer:

@@ -4,14 +4,18 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import quote
 
 import httpx
 
 from tuner.errors import NotFound, TunerError
 from tuner.runs import RunRecord
-from tuner.studies import (Enqueued, NoRecommendation, RecommendationAnswer, ReportAnswer, StudyCreated,
+from tuner.studies import (Enqueued, NoRecommendation, PlanAnswer, RecommendationAnswer, ReportAnswer, StudyCreated,
                            StudyListing, StudyRequest, StudyStatus)
+
+if TYPE_CHECKING:
+    from tuner.study.capacity_plan import PlanOptions
 
 
 class ServiceClient:
@@ -87,6 +91,14 @@ class RemoteStudies:
         """`Studies.export` through `GET /studies/{name}/export`."""
         return self.client.call("GET", f"/studies/{_quote(name)}/export",
                                 params={"format": format, "requests": requests}).text
+
+    def capacity_plan(self, name: str, options: PlanOptions) -> PlanAnswer:
+        """`Studies.capacity_plan` through `GET /studies/{name}/plan`."""
+        params = {"peak": options.peak_rps, "peak_window_s": options.peak_window_s, "scale": options.scale,
+                  "rates": list(options.hourly_rps) if options.hourly_rps else None,
+                  "gpu_hour_cost": options.gpu_hour_usd, "headroom": options.headroom, "day": options.day}
+        return PlanAnswer.model_validate(self.client.json(
+            "GET", f"/studies/{_quote(name)}/plan", params={k: v for k, v in params.items() if v is not None}))
 
     def report(self, name: str) -> ReportAnswer:
         """`Studies.report` through `GET /studies/{name}/report`."""

@@ -20,6 +20,7 @@ from tuner.traces.records import TraceFit
 
 if TYPE_CHECKING:
     from tuner.storage import ValidationMark
+    from tuner.study.capacity_plan import PlanOptions
 
 
 class NoRecommendation(TunerError):
@@ -545,6 +546,86 @@ class ReportAnswer(Answer):
     trial_rows: list[TrialRowAnswer]
 
 
+class MeasuredCapacityAnswer(Answer):
+    """A configuration's capacity within the boundary (`tuner.replicas.MeasuredCapacity`), req/s: the central value,
+    its 95% interval (the high end None where unbounded) and the launches behind it (1: measured once)."""
+
+    rps: Number
+    low: Number
+    high: Optional[Number]
+    launches: int
+    measured_once: bool
+
+
+class ReplicaCountAnswer(Answer):
+    """Replicas that carry a rate (`tuner.replicas.ReplicaCount`): at the capacity's high end and at its low end."""
+
+    low: int
+    high: int
+
+
+class DayPlanAnswer(Answer):
+    """One configuration over a day (`tuner.replicas.DayPlan`): replicas per hour, and [low, high] of its slot-hours,
+    its cost per day and per million output tokens (None without a price)."""
+
+    replicas: list[ReplicaCountAnswer] = Field(description="Hour 0 to 23")
+    slot_hours: list[Number] = Field(description="GPU-hours (CPU slot-hours on the CPU build) a day, [low, high]")
+    cost_usd: Optional[list[Number]]
+    cost_per_million_tokens_usd: Optional[list[Number]]
+
+
+class PeakAnswer(Answer):
+    """The peak rate planned for (`tuner.replicas.PeakRate`): req/s, where its window starts in the trace and its
+    length (0 for a peak given by hand)."""
+
+    rps: Number
+    start_s: Number
+    window_s: Number
+
+
+class TrafficAnswer(Answer):
+    """The traffic a plan is for (`tuner.study.capacity_plan.Traffic`) and where each part comes from."""
+
+    trace: str = Field(description="Which requests: the whole trace file, not only the window the study replays")
+    scale: Number = Field(description="The trace's recorded rate times this")
+    scale_source: str
+    peak: PeakAnswer
+    peak_source: str
+    hourly_rps: Optional[list[Number]] = Field(description="Hour 0 to 23; None: no daily curve (day_source says why)")
+    day_source: str
+    output_tokens_per_request: Optional[Number]
+
+
+class ConfigurationPlanAnswer(Answer):
+    """One configuration's plan (`tuner.study.capacity_plan.ConfigurationPlan`): its capacity and its source,
+    replicas at the peak and over a day, its limiting resource and whether a setting or another replica relieves it."""
+
+    role: str
+    trial: int
+    serve_command: str
+    capacity: Optional[MeasuredCapacityAnswer]
+    capacity_source: str
+    slots_per_replica: int = Field(description="GPUs (CPU slots) per replica: its tensor_parallel_size")
+    peak_replicas: Optional[ReplicaCountAnswer]
+    day: Optional[DayPlanAnswer]
+    limiting_resource: Optional[LimitingResourceAnswer]
+    remedy: str
+
+
+class PlanAnswer(Answer):
+    """How many replicas carry the user's traffic within the boundary (`tuner.study.capacity_plan.CapacityPlan`):
+    the headroom assumed (the share of each replica's capacity used), the unit of the hours, the traffic, and each
+    configuration."""
+
+    study: str
+    headroom: Number
+    unit: str = Field(description="GPU, or CPU slot")
+    gpu_hour_usd: Optional[Number]
+    traffic: TrafficAnswer
+    configurations: list[ConfigurationPlanAnswer]
+    notes: list[str]
+
+
 class Studies(Protocol):
     """The study commands' answers, the same whether read here or asked of a service."""
 
@@ -573,6 +654,10 @@ class Studies(Protocol):
     def export(self, name: str, format: str, requests: bool) -> str:
         """The study as text in `format`: "json" (its settings, recommendation and trials; with `requests`, each
         trial's requests too) or "csv" (one row per trial); TunerError for any other format."""
+
+    def capacity_plan(self, name: str, options: PlanOptions) -> PlanAnswer:
+        """How many replicas of vLLM's default, the recommendation and the best at the model's own precision carry
+        the traffic `options` give; TunerError where the study has nothing measured or the traffic cannot be had."""
 
     def report(self, name: str) -> ReportAnswer:
         """The report's text parts and its summary."""
@@ -752,6 +837,16 @@ class LocalStudies:
                              **({"startup_s": own.startup_s, "probes_s": own.probes_s, "draining_s": own.draining_s,
                                  "compile_cache": t.timings.compile_cache.value} if t.timings else {})})
         return buffer.getvalue()
+
+    def capacity_plan(self, name: str, options: PlanOptions) -> PlanAnswer:
+        """`Studies.capacity_plan` from this process's storage; the plan's summary is kept in the study's user
+        attributes (CAPACITY_PLAN_ATTR), where the dashboard shows the latest one."""
+        from tuner.study.capacity_plan import CAPACITY_PLAN_ATTR, plan_capacity
+
+        repo, settings, study = self._open(name)
+        plan = plan_capacity(repo, settings, study, options)
+        study.set_user_attr(CAPACITY_PLAN_ATTR, plan.summary())
+        return PlanAnswer.model_validate(plan.to_dict())
 
     def report(self, name: str) -> ReportAnswer:
         """The report's text parts and its summary; `report_html` is the page with the plots."""

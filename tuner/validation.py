@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from tuner.replicas import MeasuredCapacity
 from tuner.storage import StoredTrial, TrialState, ValidationMark
 
 # Documented defaults, sized so that a study on one GPU stays short: the best configuration, twice, against the
@@ -165,6 +166,26 @@ def gain_interval(values: Sequence[float], reference: Sequence[float], resolutio
     above, below = (math.log1p(max(resolution, bracket)) for bracket in brackets)
     return GainInterval(math.exp(diff), math.exp(min(low, diff - below)), math.exp(max(high, diff + above)),
                         (len(values), len(reference)), paired)
+
+
+def capacity_interval(values: Sequence[float], resolution: float = 0.0, bracket: float = 0.0) -> MeasuredCapacity:
+    """What one configuration carries over its launches (every value above 0, at least 2): the geometric mean and
+    its t-interval on the logs, the one way this module computes intervals (`gain_interval`), widened where
+    narrower to the load search's `resolution` below and to `max(resolution, bracket)` above (`ArmResult.bracket`:
+    the capacity may lie anywhere below the first load that failed)."""
+    from scipy import stats
+
+    if len(values) < 2 or min(values) <= 0:
+        raise ValueError("an interval needs at least 2 values above 0")
+    logs = [math.log(v) for v in values]
+    mean = statistics.fmean(logs)
+    low = high = mean
+    if len(set(logs)) > 1:
+        interval = stats.t.interval(CONFIDENCE, len(logs) - 1, loc=mean, scale=stats.sem(logs))
+        low, high = float(interval[0]), float(interval[1])
+    below, above = math.log1p(resolution), math.log1p(max(resolution, bracket))
+    return MeasuredCapacity(math.exp(mean), math.exp(min(low, mean - below)), math.exp(max(high, mean + above)),
+                            len(values))
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import threading
 from dataclasses import replace
-from pathlib import Path
 
 import optuna
 import pytest
@@ -36,13 +35,6 @@ from factories import request_records, study_settings, trial_record
 TUNER_TABLES = {"tuner_studies", "tuner_traces", "tuner_trials", "tuner_requests", "tuner_schedule_runs",
                 "tuner_runs"}
 LATEST = "0008"  # tuner's newest Alembic revision
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def url(request, tmp_path: Path) -> str:
-    if request.param == "postgresql":
-        return request.getfixturevalue("postgres_database")
-    return f"sqlite:///{tmp_path / 'tuner.db'}"
 
 
 @pytest.fixture

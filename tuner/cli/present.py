@@ -17,9 +17,11 @@ from tuner.study.recommendation import capacity_sentence, gain_sentence
 
 if TYPE_CHECKING:
     from tuner.capacity import JudgedProbe
+    from tuner.replicas import MeasuredCapacity
     from tuner.scoring import Capacity
-    from tuner.studies import (BaselineAnswer, BestSoFar, LimitingResourceAnswer, ProbeLengthAnswer,
-                               RecommendationAnswer, ReportAnswer, TrialRowAnswer)
+    from tuner.studies import (BaselineAnswer, BestSoFar, LimitingResourceAnswer, MeasuredCapacityAnswer, PlanAnswer,
+                               ProbeLengthAnswer, RecommendationAnswer, ReplicaCountAnswer, ReportAnswer,
+                               TrialRowAnswer)
     from tuner.study.events import TrialSummary
     from tuner.workers.probes import Probe
 
@@ -217,3 +219,57 @@ def print_report_lines(view: ReportAnswer) -> None:
         rest = lines[1:]
     for line in rest:
         out.print(line, highlight=False, soft_wrap=True)
+
+
+def _capacity(c: MeasuredCapacityAnswer) -> MeasuredCapacity:
+    from tuner.replicas import MeasuredCapacity
+
+    return MeasuredCapacity(c.rps, c.low, c.high if c.high is not None else float("inf"), c.launches)
+
+
+def _replicas(r: ReplicaCountAnswer) -> str:
+    from tuner.replicas import ReplicaCount
+
+    return ReplicaCount(r.low, r.high).text()
+
+
+def _pair(pair: Sequence[float] | None, spec: str, unit: str = "") -> str:
+    if not pair:
+        return "-"
+    low, high = (f"{unit}{v:{spec}}" for v in pair)
+    return low if low == high else f"{low} to {high}"
+
+
+def print_plan(plan: PlanAnswer) -> None:
+    """`tuner study plan`: the traffic and the assumptions, then each configuration's capacity, replicas at the peak,
+    its hours and cost a day, and whether a setting or another replica relieves it; the day hour by hour."""
+    traffic = plan.traffic
+    window = (f" (starting {traffic.peak.start_s:.0f} s into the trace at that rate)" if traffic.peak.window_s
+              else "")
+    out.print(f"study {plan.study}: peak {traffic.peak.rps:.3g} req/s from {traffic.peak_source}{window}",
+              highlight=False)
+    out.print(f"traffic: {traffic.trace}", highlight=False)
+    out.print(f"day: {traffic.day_source}", highlight=False)
+    out.print(f"assumed: each replica runs at {plan.headroom:.0%} of its capacity (--headroom); "
+              f"{plan.unit}s per replica: its tensor_parallel_size"
+              + (f"; ${plan.gpu_hour_usd:g} per {plan.unit}-hour" if plan.gpu_hour_usd else ""), highlight=False)
+    for note in plan.notes:
+        out.print(f"note: {note}", highlight=False)
+    table = Table("configuration", "capacity within the boundary", "replicas at the peak", f"{plan.unit}-hours a day",
+                  "cost a day", "per 1M output tokens", "setting or replica?")
+    for c in plan.configurations:
+        capacity = (f"{_capacity(c.capacity).text()}\n{c.capacity_source}" if c.capacity is not None
+                    else c.capacity_source)
+        day = c.day
+        table.add_row(f"trial {c.trial} ({c.role})", capacity,
+                      _replicas(c.peak_replicas) if c.peak_replicas else "-",
+                      _pair(day.slot_hours, ".0f") if day else "-",
+                      _pair(day.cost_usd, ",.2f", "$") if day else "-",
+                      _pair(day.cost_per_million_tokens_usd, ",.2f", "$") if day else "-", c.remedy)
+    out.print(table)
+    planned = [c for c in plan.configurations if c.day is not None]
+    if traffic.hourly_rps and planned:
+        hours = Table("hour", "req/s", *(f"trial {c.trial}" for c in planned), title="replicas hour by hour")
+        for hour, rate in enumerate(traffic.hourly_rps):
+            hours.add_row(str(hour), f"{rate:.3g}", *(_replicas(c.day.replicas[hour]) for c in planned))
+        out.print(hours)

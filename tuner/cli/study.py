@@ -13,7 +13,7 @@ from tuner.cli.options import (BOUNDARY_HELP, ArtifactsOption, JsonOption, Limit
                                ModelOption, ProbeBudgetOption, ProbeRequestsOption, RequestTimeoutOption, ServerOption,
                                SetOption, SpreadOption, StartupTimeoutOption, StorageOption, StudyArgument,
                                TokenFileOption, study_answers)
-from tuner.cli.present import best_so_far_line, default_line, print_recommendation, probe_length_line
+from tuner.cli.present import best_so_far_line, default_line, print_plan, print_recommendation, probe_length_line
 from tuner.cli.run import study_run, study_validate
 from tuner.console import err, out, print_json
 from tuner.errors import TunerError
@@ -192,3 +192,46 @@ def study_export(name: StudyArgument,
         sys.stdout.write(text)
     else:
         out_file.write_text(text)
+
+
+@study_app.command("plan")
+def study_plan(
+    name: StudyArgument,
+    peak: Annotated[Optional[float], typer.Option(help="Peak traffic, req/s; default: the trace's busiest window at "
+                                                       "--scale.")] = None,
+    peak_window: Annotated[str, typer.Option(help="The window the trace's peak is taken over.")] = "60s",
+    scale: Annotated[Optional[float], typer.Option(help="Your traffic is the trace's recorded rate times this; "
+                                                        "default: the study's rate scale.")] = None,
+    rates: Annotated[Optional[Path], typer.Option(help="A day's traffic: CSV `hour,rps`, 24 rows (hours 0-23); "
+                                                       "default: the trace's own arrivals per hour.")] = None,
+    day: Annotated[bool, typer.Option("--day", help="Fail when no daily curve can be had (a trace under 24 hours "
+                                                    "without --rates).")] = False,
+    gpu_hour_cost: Annotated[Optional[float], typer.Option(help="US dollars per GPU-hour (CPU slot-hour on the CPU "
+                                                                "build), for the cost per day and per million "
+                                                                "output tokens.")] = None,
+    headroom: Annotated[float, typer.Option(help="The share of each replica's capacity the plan uses.")] = 0.8,
+    storage: StorageOption = None, artifacts: ArtifactsOption = None, as_json: JsonOption = False,
+    server: ServerOption = None, token_file: TokenFileOption = None,
+) -> None:
+    """How many replicas of vLLM's default, the recommendation and the best at the model's own precision carry your
+    traffic within the boundary: at its peak, hour by hour over a day, and at what cost."""
+    from tuner.durations import parse_duration
+    from tuner.replicas import read_hourly_rates
+    from tuner.study.capacity_plan import PlanOptions
+
+    hourly = None
+    if rates is not None:
+        try:
+            text = rates.read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise TunerError(f"--rates {rates}: cannot read the file ({exc})") from None
+        hourly = read_hourly_rates(str(rates), text)
+    try:
+        window_s = parse_duration(peak_window)
+    except TunerError as exc:
+        raise TunerError(f"--peak-window: {exc}") from None
+    options = PlanOptions(peak, window_s, scale, hourly, gpu_hour_cost, headroom, day)
+    plan = study_answers(server, token_file, storage, artifacts).capacity_plan(name, options)
+    if as_json:
+        return print_json(plan.to_dict())
+    print_plan(plan)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from tuner.capacity import capacity_of
 from tuner.kv_budget import logged_kv_tokens
 from tuner.scoring import Boundary, Capacity, boundary
-from tuner.storage import StoredTrial, StudyModel, StudySettings, trial_dir
+from tuner.storage import Repository, StoredTrial, StudyModel, StudySettings, trial_dir
 from tuner.storage.records import StoredRun
 from tuner.storage.spend import Spend
 # The report reads studies (tuner.study.plan, .recommendation) and never imports the runner, nor Ray with it.
@@ -31,6 +31,7 @@ from tuner.workers.server_metrics import TimelineSample
 if TYPE_CHECKING:
     import optuna
 
+    from tuner.study.capacity_plan import CapacityPlan
     from tuner.study.plan import StoragePlan
 
 TIMELINE_FILE = "timeline.csv"  # t_s,running,waiting,kv_usage, sampled every 0.25 s during the replay
@@ -89,6 +90,7 @@ class ReportData:
     kv_tokens: dict[int, int] = field(default_factory=dict)
     generated_at: str = ""
     runs: tuple[StoredRun, ...] = ()  # the study's runs, for the time their slots stood idle
+    capacity_plan: CapacityPlan | None = None  # replicas for the trace's traffic; None where it cannot be had
 
     @property
     def spent(self) -> Spend:
@@ -177,7 +179,20 @@ def collect_report(name: str, plan: StoragePlan) -> ReportData:
         if tokens is not None:
             kv[t.trial_number] = tokens
     return ReportData(settings, boundary(settings.boundary, settings.limits), trials, rec, baseline, requests,
-                      timelines, kv, datetime.now(timezone.utc).isoformat(timespec="seconds"), tuple(repo.runs(name)))
+                      timelines, kv, datetime.now(timezone.utc).isoformat(timespec="seconds"), tuple(repo.runs(name)),
+                      _default_plan(repo, settings, study))
+
+
+def _default_plan(repo: Repository, settings: StudySettings, study: optuna.Study) -> CapacityPlan | None:
+    """The plan `tuner study plan` gives with its defaults; None where it cannot be had (nothing measured, the
+    trace unreadable here): the report then leaves its plot out."""
+    from tuner.errors import TunerError
+    from tuner.study.capacity_plan import PlanOptions, plan_capacity
+
+    try:
+        return plan_capacity(repo, settings, study, PlanOptions())
+    except TunerError:
+        return None
 
 
 # --- the Pareto front, through Optuna --------------------------------------------------------------------

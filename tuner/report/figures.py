@@ -406,3 +406,40 @@ def output_lengths_figure(data: ReportData) -> Figure | None:
     fig.update_yaxes(title_text="output tokens (sum over requests)", row=1, col=1)
     _layout(fig, "Requested against actual output lengths")
     return fig
+
+
+def replicas_figure(data: ReportData) -> Figure | None:
+    """Replicas against traffic: for each planned configuration, the replicas that carry a rate within the boundary at
+    the plan's headroom, a step line at its capacity's central value and a band between the ends of its interval;
+    the plan's peak marked. None without a plan or a capacity to draw."""
+    from tuner.replicas import MeasuredCapacity, replicas_for
+
+    plan = data.capacity_plan
+    drawn = [c for c in plan.configurations if c.capacity is not None] if plan is not None else []
+    if plan is None or not drawn:
+        return None
+    import plotly.graph_objects as go
+
+    peak = plan.traffic.peak.rps
+    top = max(peak, *(plan.traffic.hourly_rps or ())) * 1.25
+    rates = [top * i / 400 for i in range(401)]
+    fig = go.Figure()
+    for c, color in zip(drawn, cycle((COLORS.default, COLORS.recommended, *COLORS.trials))):
+        name = f"trial {c.trial} ({c.role})"
+        central = [replicas_for(r, MeasuredCapacity.once(c.capacity.rps), plan.headroom).low for r in rates]
+        if not c.capacity.measured_once:
+            ends = [replicas_for(r, c.capacity, plan.headroom) for r in rates]
+            fig.add_trace(go.Scatter(x=rates, y=[e.high for e in ends], mode="lines", line={"width": 0,
+                                     "shape": "hv", "color": color}, hoverinfo="skip", showlegend=False))
+            fig.add_trace(go.Scatter(x=rates, y=[e.low for e in ends], mode="lines", fill="tonexty", opacity=0.2,
+                                     line={"width": 0, "shape": "hv", "color": color},
+                                     name=f"{name}: its capacity's 95% interval", hoverinfo="skip"))
+        fig.add_trace(go.Scatter(x=rates, y=central, mode="lines", line={"shape": "hv", "color": color},
+                                 name=f"{name}: {c.capacity.text()}"))
+    fig.add_vline(x=peak, line={"color": COLORS.limit, "dash": "dash"},
+                  annotation_text=f"peak {peak:.3g} req/s", annotation_position="top left")
+    fig.update_xaxes(title_text="your traffic, req/s", rangemode="tozero")
+    fig.update_yaxes(title_text="replicas", rangemode="tozero")
+    _layout(fig, f"Replicas against traffic, each replica at {plan.headroom:.0%} of its capacity within the "
+                 "boundary")
+    return fig

@@ -15,7 +15,7 @@ from tuner.report.content import (common_settings, measured_on, number_text, rec
                                   trace_line, trial_count_line, trial_rows)
 from tuner.report.data import ReportData, config_text
 from tuner.report.figures import (load_curve_figure, output_lengths_figure, pareto_figure, preemption_figure,
-                                  time_split_figure, timeline_figure)
+                                  replicas_figure, time_split_figure, timeline_figure)
 
 if TYPE_CHECKING:
     from plotly.graph_objects import Figure
@@ -37,6 +37,7 @@ class _Plots(NamedTuple):
     time_split: Markup | None
     timelines: Markup | None
     output_lengths: Markup | None
+    replicas: Markup | None  # None without a capacity plan: the page then leaves the section out
 
 
 def _plot_html(fig: Figure | None, key: str) -> Markup | None:
@@ -61,7 +62,8 @@ def render_html(data: ReportData) -> str:
                    preemptions=_plot_html(preemption_figure(data), "preemptions"),
                    time_split=_plot_html(time_split_figure(data), "time_split"),
                    timelines=_plot_html(timeline_figure(data), "timelines"),
-                   output_lengths=_plot_html(output_lengths_figure(data), "output_lengths"))
+                   output_lengths=_plot_html(output_lengths_figure(data), "output_lengths"),
+                   replicas=_plot_html(replicas_figure(data), "replicas"))
     missing = [f"{role} (trial {t.trial_number})" for role, t in data.featured if t.trial_number not in data.timelines]
     return _TEMPLATES.get_template("report.html.j2").render(
         settings=data.settings, generated_at=data.generated_at, boundary_text=boundary_line(data.boundary),
