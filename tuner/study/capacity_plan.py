@@ -243,6 +243,7 @@ def _trace_traffic(settings: StudySettings, options: PlanOptions) -> tuple[Traff
     else:
         peak = busiest_window([t / scale for t in recorded], options.peak_window_s)
         peak_source = f"the trace's busiest {options.peak_window_s:g} s window at {scaled}"
+    hourly: tuple[float, ...] | None
     if options.hourly_rps is not None:
         hourly, day_source = options.hourly_rps, "--rates"
     else:
