@@ -125,6 +125,8 @@ def test_a_trace_shorter_than_a_day_gives_no_daily_curve_and_says_so(url, tmp_pa
     # A day's rates given by hand plan the day all the same.
     given = _replan(storage, PlanOptions(hourly_rps=(6.0,) * 24, day=True))
     assert given.traffic.day_source == "--rates"
+    # Its peak is the day's busiest hour, not the trace's busiest minute.
+    assert (given.traffic.peak.rps, given.traffic.peak_source) == (6.0, "the busiest hour of --rates (hour 0)")
     assert given.configurations[1].day.slot_hours == (72.0, 72.0)  # 6 / (3 x 0.8): 3 replicas all day
 
 

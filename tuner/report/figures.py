@@ -421,7 +421,7 @@ def replicas_figure(data: ReportData) -> Figure | None:
     import plotly.graph_objects as go
 
     peak = plan.traffic.peak.rps
-    top = max(peak, *(plan.traffic.hourly_rps or ())) * 1.25
+    top = max([peak, *(plan.traffic.hourly_rps or ())]) * 1.25  # a trace shorter than a day has no hours
     rates = [top * i / 400 for i in range(401)]
     fig = go.Figure()
     for c, color in zip(drawn, cycle((COLORS.default, COLORS.recommended, *COLORS.trials))):

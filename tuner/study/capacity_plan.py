@@ -240,6 +240,10 @@ def _trace_traffic(settings: StudySettings, options: PlanOptions) -> tuple[Traff
     scaled = f"x{scale:g} its recorded rate ({scale_source})"
     if options.peak_rps is not None:
         peak, peak_source = PeakRate(options.peak_rps, 0.0, 0.0), "--peak"
+    elif options.hourly_rps is not None:  # the day the user gave is the traffic planned for: its busiest hour
+        busiest = max(range(len(options.hourly_rps)), key=options.hourly_rps.__getitem__)
+        peak = PeakRate(options.hourly_rps[busiest], busiest * 3600.0, 3600.0)
+        peak_source = f"the busiest hour of --rates (hour {busiest})"
     else:
         peak = busiest_window([t / scale for t in recorded], options.peak_window_s)
         peak_source = f"the trace's busiest {options.peak_window_s:g} s window at {scaled}"
