@@ -239,6 +239,10 @@ def test_the_report_draws_replicas_against_traffic(tmp_path):
     capacity = data.capacity_plan.configurations[1].capacity.rps
     assert {y for x, y in zip(central.x, central.y) if x <= 0.8 * capacity} == {1}
     assert 'data-figure="replicas"' in render_html(data)
+    # A trace shorter than a day (most are) has no hours to scale the axis by: the peak alone does.
+    native_trace(Path(data.settings.trace_path), [1.0, 2.0])
+    short = collect_report("s1", storage)
+    assert short.capacity_plan.traffic.hourly_rps is None and 'data-figure="replicas"' in render_html(short)
     # A study whose trace cannot be read here has no plan to draw: the page leaves the section out.
     Path(data.settings.trace_path).unlink()
     assert 'id="replicas"' not in render_html(collect_report("s1", storage))
