@@ -16,6 +16,11 @@ from typing import Any
 from tuner.durations import format_duration
 
 
+def launches_s(launches: int, slots: int, launch_s: float) -> float:
+    """The clock time `launches` of `launch_s` each take on this many slots, a round of launches at a time."""
+    return math.ceil(launches / max(1, slots)) * launch_s
+
+
 @dataclass(frozen=True)
 class RunBudget:
     """What one run may spend: slot time summed over slots, clock time, or both; and the validation launches it
@@ -35,7 +40,7 @@ class RunBudget:
 
     def validation_s(self, slots: int, launch_s: float) -> float:
         """The clock time the validation's launches take on this many slots, `launch_s` each."""
-        return math.ceil(self.validation_launches / max(1, slots)) * launch_s
+        return launches_s(self.validation_launches, slots, launch_s)
 
     def search_end(self, slots: int, launch_s: float) -> float | None:
         """When the search's last trial must have ended, so that the validation fits before the end; the end
@@ -87,7 +92,7 @@ class BudgetPlan:
         if not self.validation_launches:
             plan = search
         elif self.validation_fits:
-            kept = math.ceil(self.validation_launches / self.slots) * self.launch_s * self.slots
+            kept = launches_s(self.validation_launches, self.slots, self.launch_s) * self.slots
             plan = (f"{search}, then {self.validation_launches} validation launches of "
                     f"{format_duration(self.launch_s)} ({format_duration(kept)} kept for them)")
         else:

@@ -41,7 +41,7 @@ from tuner.storage.artifacts import attach_trial_artifacts, trial_dir
 from tuner.study.attrs import (BASELINE_ATTR, KV_LOGGED_ATTR, KV_PREDICTION_ATTR, RERUN_ATTR, RESUMED_ATTR,
                                VALIDATION_ATTR)
 from tuner.study.create import study_context
-from tuner.study.budget import BudgetPlan, RunBudget
+from tuner.study.budget import BudgetPlan, RunBudget, launches_s
 from tuner.study.events import (BUDGET_END, BUDGET_KEPT, BUDGET_SPENT, NO_TIME_LEFT, WINDOW_END, BudgetPlanned,
                                 PoolReady, RunEvent, RunReport, TrialDone, TrialStarted, TrialSummary, WorkerDone)
 from tuner.study.plan import StoragePlan
@@ -335,6 +335,10 @@ class StudyRunner:
             return BUDGET_KEPT
         return None
 
+    def _unit(self) -> str:
+        """What one of this run's slot-seconds is (`slot_unit`)."""
+        return slot_unit(self._run.gpus_per_slot if self._run else 0)
+
     def _searching(self) -> bool:
         """Whether the run's next trial is a search trial (no validation launch is queued first)."""
         waiting = self.study.get_trials(deepcopy=False, states=(OptunaState.WAITING,))
@@ -348,12 +352,11 @@ class StudyRunner:
         """Why the budget cannot hold `launches` validation launches from now; None where it can."""
         end = budget.end(self._slots)
         launch_s = self._launch_s()
-        needed = dataclasses.replace(budget, validation_launches=launches).validation_s(self._slots, launch_s)
+        needed = launches_s(launches, self._slots, launch_s)
         if end is None or time.time() + needed <= end:
             return None
-        unit = slot_unit(self._run.gpus_per_slot if self._run else 0)
         left = max(0.0, end - time.time()) * self._slots
-        return (f"the budget left {format_duration(left)} of {unit} time, and its {launches} launches of about "
+        return (f"the budget left {format_duration(left)} of {self._unit()} time, and its {launches} launches of about "
                 f"{format_duration(launch_s)} need {format_duration(needed * self._slots)}")
 
     def _search_end(self, budget: RunBudget) -> float | None:
@@ -371,8 +374,7 @@ class StudyRunner:
         assert search_end is not None
         fit = max(0, math.floor((search_end - time.time()) / trial_s)) * slots if trial_s > 0 else 0
         measured = sum(t.timings is not None for t in self.repo.trials(self.settings.name))
-        unit = slot_unit(self._run.gpus_per_slot if self._run else 0)
-        return BudgetPlan(unit, slots, (end - budget.started_at) * slots, trial_s, launch_s,
+        return BudgetPlan(self._unit(), slots, (end - budget.started_at) * slots, trial_s, launch_s,
                           fit if n_trials is None else min(fit, n_trials), budget.validation_launches,
                           search_end < end or not budget.validation_launches, measured,
                           self.settings.load.probe_budget if self.settings.load.mode == "search" else 1)
