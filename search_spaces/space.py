@@ -3,6 +3,7 @@ proposal cannot run (the built-in rules, then the file's constraints)."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,9 +30,11 @@ class SearchSpace:
     parameters: dict[str, Parameter]
     constraints: tuple[Constraint, ...]
 
-    def suggest(self, trial: optuna.trial.Trial) -> EngineConfig:
-        """Ask the trial for every parameter; the configuration it proposes, fixed values included."""
-        return EngineConfig(**self.fixed, **{name: p.suggest(trial, name) for name, p in self.parameters.items()})
+    def suggest(self, trial: optuna.trial.Trial, only: Collection[str] | None = None) -> EngineConfig:
+        """Ask the trial for every parameter, or for those named in `only` (the rest left at vLLM's default); the
+        configuration it proposes, fixed values included."""
+        return EngineConfig(**self.fixed, **{name: p.suggest(trial, name) for name, p in self.parameters.items()
+                                             if only is None or name in only})
 
     def baseline(self) -> EngineConfig:
         """The fixed values only: every searched setting at vLLM's own default."""
@@ -44,12 +47,17 @@ class SearchSpace:
     def numerics_settings(self) -> list[str]:
         """The settings through which this space can propose other numerics than the checkpoint's (FP8 weights or
         KV cache): fixed so, or with such a choice."""
-        def changes(name: str, value: object) -> bool:
-            return EngineConfig.from_dict({name: value}).changes_numerics
+        return [name for name, value in self.fixed.items() if _changes_numerics(name, value)] + list(self.precision())
 
-        found = [name for name, value in self.fixed.items() if changes(name, value)]
-        found += [name for name, p in self.parameters.items()
-                  if isinstance(p, CategoricalParameter) and any(changes(name, c) for c in p.choices)]
+    def precision(self) -> dict[str, Scalar]:
+        """Each searched setting that can change the numerics (FP8 weights, FP8 KV cache) at its first choice that
+        does: with vLLM's default otherwise, what precision alone buys. Empty where the space searches none."""
+        found = {}
+        for name, p in self.parameters.items():
+            if isinstance(p, CategoricalParameter):
+                changing = [c for c in p.choices if _changes_numerics(name, c)]
+                if changing:
+                    found[name] = changing[0]
         return found
 
     def violations(self, config: EngineConfig, context: SpaceContext) -> list[str]:
@@ -58,3 +66,7 @@ class SearchSpace:
         found = [rule(config, context) for rule in BUILT_IN_RULES]
         found += [c.violation(values) for c in self.constraints]
         return [reason for reason in found if reason is not None]
+
+
+def _changes_numerics(name: str, value: object) -> bool:
+    return EngineConfig.from_dict({name: value}).changes_numerics

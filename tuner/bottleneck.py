@@ -154,10 +154,11 @@ class BottleneckSampler(BaseSampler):
 
     def infer_relative_search_space(self, study: Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
         """Optuna's BaseSampler.infer_relative_search_space: the distributions of the latest measured (complete or
-        pruned) trial with parameters; empty before there is one."""
+        pruned) trial with the most parameters (not the precision check, which sets a few on vLLM's default); empty
+        before there is one."""
         measured = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
                     if t.params]
-        return dict(measured[-1].distributions) if measured else {}
+        return dict(max(measured, key=lambda t: (len(t.params), t.number)).distributions) if measured else {}
 
     def sample_relative(self, study: Study, trial: FrozenTrial,
                         search_space: dict[str, BaseDistribution]) -> dict[str, Any]:

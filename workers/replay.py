@@ -407,7 +407,7 @@ async def replay(base_url: str, requests: list[ReplayRequest], *, timeout_s: flo
 
         watcher = asyncio.create_task(watch())
 
-        def stopped(req: ReplayRequest, sent: float | None) -> RequestRecord:
+        def stopped(req: ReplayRequest, sent: float) -> RequestRecord:
             assert stop is not None  # only a stop cancels a request
             return RequestRecord(req.index, req.scheduled_s, sent, req.requested_tokens, req.input_tokens, 0,
                                  stop.outcome, error=stop.said)
@@ -436,8 +436,9 @@ async def replay(base_url: str, requests: list[ReplayRequest], *, timeout_s: flo
         by_index = {req.index: req for req in requests}
         records = []
         for i, result in zip(tasks, await asyncio.gather(*tasks.values(), return_exceptions=True)):
-            if isinstance(result, asyncio.CancelledError):  # cancelled before it ever ran
-                result = stopped(by_index[i], None)
+            if isinstance(result, asyncio.CancelledError):  # cancelled before it ever ran: nothing went out
+                assert stop is not None
+                result = _unsent(by_index[i], stop.said)
             elif isinstance(result, BaseException):
                 raise result
             records.append(result)

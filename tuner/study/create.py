@@ -20,7 +20,7 @@ from tuner.search_spaces import SearchSpace, SpaceContext, load_space, parse_spa
 from tuner.search_spaces.context import NOT_ALLOWED
 from tuner.search_spaces.derive import AUTO_SPACE, derive_space
 from tuner.storage import StudyModel, StudySettings
-from tuner.study.attrs import BASELINE_ATTR
+from tuner.study.attrs import BASELINE_ATTR, ON_DEFAULT_ATTR
 from tuner.study.plan import StoragePlan, load_optuna_study
 from tuner.traces.records import Trace
 from tuner.traces.selection import TraceSelection, load_trace
@@ -142,6 +142,10 @@ def create_study(name: str, *, model: str | Path, trace_path: str | Path, select
     study.set_user_attr("boundary", bound.to_dict())
     study.set_user_attr("space", loaded_space.name)
     study.enqueue_trial({}, user_attrs={BASELINE_ATTR: True})
+    # Where FP8 is allowed, vLLM's default with it comes next: on Hopper GPUs precision moves capacity where the
+    # scheduler's settings may not, so a short budget measures it first.
+    if allow_fp8 and (precision := loaded_space.precision()):
+        study.enqueue_trial(precision, user_attrs={ON_DEFAULT_ATTR: sorted(precision)})
     return CreatedStudy(settings, probe_length)
 
 

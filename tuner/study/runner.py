@@ -4,6 +4,7 @@ Optuna. The only module of tuner.study that imports Ray."""
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 import functools
 import math
 import statistics
@@ -38,8 +39,8 @@ from tuner.storage import DatabaseUnreachable, Repository, StoredTrial, StudySet
 from tuner.storage.records import StoredRun
 from tuner.storage.spend import Spend, slot_unit
 from tuner.storage.artifacts import attach_trial_artifacts, trial_dir
-from tuner.study.attrs import (BASELINE_ATTR, KV_LOGGED_ATTR, KV_PREDICTION_ATTR, RERUN_ATTR, RESUMED_ATTR,
-                               VALIDATION_ATTR)
+from tuner.study.attrs import (BASELINE_ATTR, KV_LOGGED_ATTR, KV_PREDICTION_ATTR, ON_DEFAULT_ATTR, RERUN_ATTR,
+                               RESUMED_ATTR, VALIDATION_ATTR)
 from tuner.study.create import study_context
 from tuner.study.budget import BudgetPlan, RunBudget, launches_s
 from tuner.study.events import (BUDGET_END, BUDGET_KEPT, BUDGET_SPENT, NO_TIME_LEFT, WINDOW_END, BudgetPlanned,
@@ -127,6 +128,12 @@ def _best_capacity(trials: list[StoredTrial]) -> tuple[float | None, float | Non
     found = [(t.scored.capacity.factor, t.scored.capacity.rps) for t in candidates(trials)
              if t.scored.capacity is not None and t.scored.capacity.factor is not None]
     return max(found, default=(None, None))
+
+
+def _kept(trial: optuna.Trial | FrozenTrial) -> dict[str, Any]:
+    """What a launch of `trial`'s configuration again (a validation launch, a re-run) keeps of its user attributes:
+    which settings it changes from vLLM's default, where it changes only those."""
+    return {k: trial.user_attrs[k] for k in (ON_DEFAULT_ATTR,) if k in trial.user_attrs}
 
 
 def _mark(trial: optuna.Trial | FrozenTrial) -> ValidationMark | None:
@@ -411,8 +418,7 @@ class StudyRunner:
         queued = sum(t.state is OptunaState.WAITING for t in frozen)
         marks = interleaved(arms, repeats, run)
         for mark in marks:
-            params = {} if mark.of_trial is None else dict(frozen[mark.of_trial].params)
-            self.study.enqueue_trial(params, user_attrs={VALIDATION_ATTR: mark.to_dict()}, skip_if_exists=False)
+            self._queue_launch(mark, None if mark.of_trial is None else frozen[mark.of_trial])
         plan = self._pairing(len(arms), len(marks), queued, paired, deadline, stop_at)
         design = plan.text
         if plan.paired:
@@ -429,6 +435,12 @@ class StudyRunner:
         judged = [v for v in validations(self.repo.trials(self.settings.name), *terms) if v.run == run]
         return (dataclasses.replace(judged[0], design=design) if judged
                 else unstarted(run, repeats, arms, *terms)), report
+
+    def _queue_launch(self, mark: ValidationMark, of: FrozenTrial | None) -> None:
+        """Queue one validation launch of search trial `of`'s configuration (vLLM's default where None)."""
+        self.study.enqueue_trial({} if of is None else dict(of.params),
+                                 user_attrs={VALIDATION_ATTR: mark.to_dict(), **({} if of is None else _kept(of))},
+                                 skip_if_exists=False)
 
     def _pairing(self, arms: int, launches: int, queued: int, wanted: bool, deadline: float | None,
                  stop_at: float | None) -> Pairing:
@@ -550,7 +562,8 @@ class StudyRunner:
     def _config(self, trial: optuna.Trial) -> tuple[EngineConfig, bool]:
         mark = _mark(trial)
         baseline = bool(trial.user_attrs.get(BASELINE_ATTR)) or (mark is not None and mark.default)
-        return (self.ctx.space.baseline() if baseline else self.ctx.space.suggest(trial)), baseline
+        return (self.ctx.space.baseline() if baseline
+                else self.ctx.space.suggest(trial, only=trial.user_attrs.get(ON_DEFAULT_ATTR))), baseline
 
     def _start(self, pool: WorkerPool, slot: int) -> tuple[_InFlight, TrialSpec] | TrialSummary:
         trial = self.study.ask()
@@ -694,8 +707,8 @@ class StudyRunner:
                            started_at=job.started_at)
         self.study.tell(trial, state=OptunaState.FAIL)
         if self._probe_log(trial.number).runs_again(rerun=_rerun_of(self.study, trial) is not None):
-            attrs = {RERUN_ATTR: trial.number, **{k: trial.user_attrs[k] for k in (BASELINE_ATTR, VALIDATION_ATTR)
-                                                  if k in trial.user_attrs}}
+            attrs = {RERUN_ATTR: trial.number, **_kept(trial),
+                     **{k: trial.user_attrs[k] for k in (BASELINE_ATTR, VALIDATION_ATTR) if k in trial.user_attrs}}
             self.study.enqueue_trial(dict(trial.params), user_attrs=attrs, skip_if_exists=False)
         summary = TrialSummary(trial.number, state, job.baseline, job.config, failure_class=failure_class,
                                reason=message, validation=_mark(trial))
