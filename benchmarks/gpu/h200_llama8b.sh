@@ -11,6 +11,9 @@
 #                                                  # 1,000 requests at RATE x the trace's rate, one launch of
 #                                                  # SETTINGS (vLLM's default without): a load probes cannot show
 #   bash benchmarks/gpu/h200_llama8b.sh compare    # 2026-12-02's concurrency check (eager, as then)
+#   bash benchmarks/gpu/h200_llama8b.sh budget     # issue 36: the same workload, the derived space with FP8
+#                                                  # allowed, one run within BUDGET (default 20m) of GPU time,
+#                                                  # validation included, in the background; then waits
 # The trials and the validation run in their own session (setsid), so they go on between calls while the
 # machine stays warm; each call waits at most WAIT_S seconds (default 300, the most a machine taken back loses),
 # then leaves everything so far in $OUT/h200-llama8b.tar.gz. TRIALS: trials the study runs (default 5, vLLM's
@@ -28,6 +31,7 @@ case $gpu in
   *) name=h200-llama8b-prod scale=${RATE_SCALE:-5} ;;
 esac
 model=/tmp/models/llama-3.1-8b
+[ "$phase" = budget ] && name=${name%-prod}-fp8-budget
 case $phase in
   study|all)
     watch_gpu
@@ -42,6 +46,17 @@ case $phase in
       2> $out/validate.log"
     detach bash -c "python3 -m tuner study run $name --trials ${TRIALS:-5} --no-validate --json \
       > $out/run-study.json 2> $out/run-study.log; $then"
+    wait_running
+    ;;
+  budget)
+    watch_gpu
+    tuner model arch llama-3.1-8b "$model"
+    tuner study status "$name" > /dev/null 2>&1 ||
+      tuner study create "$name" --model "$model" --space auto --allow-fp8 --boundary interactive \
+        --max-requests 300 --rate-scale "$scale" --probe-requests 300 --probe-seconds 8 --probe-budget 5 \
+        --seed 0 --startup-timeout 400 --request-timeout 300 | tee "$out/create.txt"
+    detach bash -c "python3 -m tuner study run $name --budget ${BUDGET:-20m} --json > $out/run-budget.json \
+      2> $out/run-budget.log"
     wait_running
     ;;
   validate)
