@@ -14,6 +14,8 @@
 #   bash benchmarks/gpu/h200_llama8b.sh budget     # issue 36: the same workload, the derived space with FP8
 #                                                  # allowed, one run within BUDGET (default 20m) of GPU time,
 #                                                  # validation included, in the background; then waits
+#   bash benchmarks/gpu/h200_llama8b.sh budget-rest  # the budget study carried in .gpu-state/: TRIALS (default 1)
+#                                                  # more trials, then the validation, unbudgeted, in the background
 # The trials and the validation run in their own session (setsid), so they go on between calls while the
 # machine stays warm; each call waits at most WAIT_S seconds (default 300, the most a machine taken back loses),
 # then leaves everything so far in $OUT/h200-llama8b.tar.gz. TRIALS: trials the study runs (default 5, vLLM's
@@ -31,7 +33,7 @@ case $gpu in
   *) name=h200-llama8b-prod scale=${RATE_SCALE:-5} ;;
 esac
 model=/tmp/models/llama-3.1-8b
-[ "$phase" = budget ] && name=${name%-prod}-fp8-budget
+case $phase in budget*) name=${name%-prod}-fp8-budget ;; esac
 case $phase in
   study|all)
     watch_gpu
@@ -57,6 +59,14 @@ case $phase in
         --seed 0 --startup-timeout 400 --request-timeout 300 | tee "$out/create.txt"
     detach bash -c "python3 -m tuner study run $name --budget ${BUDGET:-20m} --json > $out/run-budget.json \
       2> $out/run-budget.log"
+    wait_running
+    ;;
+  budget-rest)
+    watch_gpu
+    tuner model arch llama-3.1-8b "$model"
+    detach bash -c "python3 -m tuner study run $name --trials ${TRIALS:-1} --no-validate --json > $out/run-rest.json \
+      2> $out/run-rest.log; python3 -m tuner study validate $name --repeats 2 --json > $out/validate.json \
+      2> $out/validate.log"
     wait_running
     ;;
   validate)

@@ -45,3 +45,54 @@ def test_before_any_trial_the_plan_gives_no_figure():
     plan = BudgetPlan("CPU slot", 2, 600.0, 1.9, 1.9, 300, 4, True, 0)
     assert plan.text() == ("budget 10m00s of CPU slot time on 2 CPU slots: 4 validation launches to keep time for; "
                            "no trial measured yet, so the trials are planned once the first has ended")
+
+
+# --- the runner's rule ---------------------------------------------------------------------------------------------
+
+def _measured(runner, config, carried_rps: float) -> None:
+    """A trial of `config` stored as run for 100 s: it carried `carried_rps` within the boundary."""
+    from factories import MACHINE, measurement
+    from tuner.scoring import Capacity, Score
+    from tuner.storage import StoredTrial, TrialState
+    from tuner.workers.measure import TrialTimings
+
+    trial = runner.study.ask()
+    runner._config(trial)
+    runner.repo.save_trial(StoredTrial(
+        study_name="s", trial_number=trial.number, attempt=1, state=TrialState.COMPLETE, engine_config=config,
+        serve_command=config.serve_command("tiny"), measurement=measurement(), failure_class=None,
+        failure_message=None, log_excerpt=None, estimated_max_model_len=None, exit_code=None,
+        timings=TrialTimings(40.0, 55.0, 5.0), hardware=MACHINE, vllm_version="0.32.0",
+        started_at="2025-05-01T10:00:00+00:00", finished_at="2025-05-01T10:01:40+00:00",
+        score=Score(carried_rps, 1.0, 100.0, 1.0, {}, [], Capacity(carried_rps, 1.0, 1.0, None, 1, "probes ran out"))),
+        [])
+    runner.study.tell(trial, [carried_rps, 1.0])
+
+
+def test_the_validations_share_is_kept_only_once_there_is_a_candidate_to_validate(tiny_model, tmp_path):
+    import time
+
+    from tuner.capacity import LoadPolicy
+    from tuner.paths import bundled_trace
+    from tuner.study.create import create_study
+    from tuner.study.events import BUDGET_KEPT
+    from tuner.study.plan import StoragePlan
+    from tuner.study.runner import StudyRunner
+    from tuner.traces.selection import TraceSelection
+
+    plan = StoragePlan.resolve(f"sqlite:///{tmp_path / 'tuner.db'}", tmp_path / "artifacts")
+    create_study("s", model=tiny_model, trace_path=bundled_trace(), space="cpu-small", boundary_name="interactive",
+                 limits={}, plan=plan, load=LoadPolicy(), selection=TraceSelection(max_requests=8, fit="clip"))
+    runner = StudyRunner("s", plan)
+    runner._slots = 1
+    # 350 s left: one more 100 s trial ends before the end, not before the 400 s kept for 4 launches of 100 s.
+    budget = RunBudget(time.time() - 150, budget_s=500, validation_launches=4)
+    _measured(runner, runner.ctx.space.baseline(), 10.0)
+    plan_now = runner._budget_plan(budget, None)
+    # Nothing but vLLM's default to validate: the search goes on into the validation's share, and the plan says so.
+    assert runner._budget_stop(budget) is None
+    assert plan_now.no_candidate and "the search goes on into the validation's share" in plan_now.text()
+    # A configuration that carried more is a candidate: from now on the validation's share is kept.
+    _measured(runner, runner.ctx.space.suggest(runner.study.ask()), 12.0)
+    assert runner._budget_stop(budget) == BUDGET_KEPT
+    assert not runner._budget_plan(budget, None).no_candidate

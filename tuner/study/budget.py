@@ -1,10 +1,11 @@
 """A run's budget: the slots' time it may spend (`tuner study run --budget 20m`: GPU time summed over slots) or the
 clock time it may take (`--window`, a schedule's window), and the plan that fits an answer into it.
 
-The search gets what the validation does not need: before each trial the run checks that the trial, at the
-median time of the study's trials of its kind, ends before the validation's share begins; the validation's
-launches (at the median time of a validation launch) are kept time for at the end. Where the budget cannot hold
-the validation, the search has it all and the answer says that it was not validated, and why.
+The search gets what the validation does not need: once a configuration other than vLLM's default is a candidate,
+before each trial the run checks that the trial, at the median time of the study's trials of its kind, ends before
+the validation's share begins (until then a validation could not run, and the search may use its share); the
+validation's launches (at the median time of a validation launch) are kept time for at the end. Where the budget
+cannot hold the validation, the search has it all and the answer says that it was not validated, and why.
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ class BudgetPlan:
     validation_fits: bool
     measured: int
     probes: int = 1  # a search trial's probes at most (`LoadPolicy.probe_budget`); a validation launch's, twice that
+    no_candidate: bool = False  # nothing but vLLM's default to validate yet: the search may use the validation's share
 
     def to_dict(self) -> dict[str, Any]:
         """Every field, and the plan in words (`text`)."""
@@ -98,4 +100,7 @@ class BudgetPlan:
         else:
             plan = (f"{search}; {self.validation_launches} validation launches of {format_duration(self.launch_s)} "
                     f"do not fit, so the answer will not be validated")
+        if self.no_candidate:
+            plan += ("; while vLLM's default is the only candidate, the search goes on into the validation's share "
+                     "(a validation needs another configuration to launch)")
         return f"{head}{plan}; estimated from {self.measured} trials"

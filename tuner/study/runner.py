@@ -338,9 +338,16 @@ class StudyRunner:
         validation's share begins; None where one may start."""
         if self._no_time_for_a_trial(None, budget.end(self._slots)):
             return BUDGET_SPENT
-        if self._searching() and self._no_time_for_a_trial(self._search_end(budget), None, validation=False):
+        # The validation's share is kept only once it has a configuration to launch against vLLM's default: until
+        # then the search may use it, since a validation without a candidate would not run at all.
+        if self._searching() and self._a_candidate() and \
+                self._no_time_for_a_trial(self._search_end(budget), None, validation=False):
             return BUDGET_KEPT
         return None
+
+    def _a_candidate(self) -> bool:
+        """Whether the study has a configuration other than vLLM's default for a validation to launch."""
+        return bool(self._finalists(self.repo.trials(self.settings.name), 1))
 
     def _unit(self) -> str:
         """What one of this run's slot-seconds is (`slot_unit`)."""
@@ -384,7 +391,8 @@ class StudyRunner:
         return BudgetPlan(self._unit(), slots, (end - budget.started_at) * slots, trial_s, launch_s,
                           fit if n_trials is None else min(fit, n_trials), budget.validation_launches,
                           search_end < end or not budget.validation_launches, measured,
-                          self.settings.load.probe_budget if self.settings.load.mode == "search" else 1)
+                          self.settings.load.probe_budget if self.settings.load.mode == "search" else 1,
+                          no_candidate=bool(budget.validation_launches) and measured > 0 and not self._a_candidate())
 
     @_stops_when_the_database_is_lost
     def validate(self, top: int, repeats: int, *, against_itself: bool = False, deadline: float | None = None,
