@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tuner.study.budget import BudgetPlan, RunBudget
+from tuner.study.budget import BudgetPlan, LaunchCost, RunBudget
 
 
 def test_a_budget_of_gpu_time_ends_sooner_on_more_slots():
@@ -15,21 +15,27 @@ def test_a_budget_of_gpu_time_ends_sooner_on_more_slots():
 def test_a_window_and_a_budget_end_at_the_sooner():
     assert RunBudget(1000.0, budget_s=1200.0, window_end=1500.0).end(1) == 1500.0
     assert RunBudget(1000.0, window_end=1500.0).end(2) == 1500.0
-    assert RunBudget(1000.0).end(1) is None and RunBudget(1000.0).search_end(1, 60.0) is None
+    assert RunBudget(1000.0).end(1) is None and RunBudget(1000.0).search_end(1, 240.0) is None
 
 
 def test_the_search_ends_where_the_validations_launches_must_begin():
     # 20 minutes on one GPU; four validation launches of 150 s each are kept for: the search ends 10 minutes in.
     budget = RunBudget(1000.0, budget_s=1200.0, validation_launches=4)
-    assert budget.validation_s(1, 150.0) == 600.0
-    assert budget.search_end(1, 150.0) == 1600.0
+    launch = LaunchCost(startup_s=100.0, probing_s=50.0)
+    assert launch.validation_s(4, 1) == 600.0
+    assert budget.search_end(1, launch.validation_s(4, 1)) == 1600.0
     # On two slots the four launches take two rounds.
-    assert budget.validation_s(2, 150.0) == 300.0 and budget.search_end(2, 150.0) == 1300.0
+    assert launch.validation_s(4, 2) == 300.0 and budget.search_end(2, 300.0) == 1300.0
+
+
+def test_a_paired_validation_starts_one_engine_per_arm():
+    # Two arms, two rounds: two startups, then four launches' probes, one after the other on one GPU.
+    assert LaunchCost(startup_s=100.0, probing_s=50.0).validation_s(4, 1, paired_arms=2) == 400.0
 
 
 def test_a_validation_that_cannot_fit_leaves_the_search_the_whole_budget():
     budget = RunBudget(1000.0, budget_s=300.0, validation_launches=4)
-    assert budget.search_end(1, 150.0) == budget.end(1) == 1300.0
+    assert budget.search_end(1, 600.0) == budget.end(1) == 1300.0
 
 
 @pytest.mark.parametrize("fits, said", [(True, ", then 4 validation launches of 2m30s (10m00s kept for them)"),
@@ -39,6 +45,9 @@ def test_the_plan_says_what_it_keeps_and_what_does_not_fit(fits, said):
     plan = BudgetPlan("GPU", 1, 1200.0, 120.0, 150.0, 5, 4, fits, 3, probes=6)
     assert plan.text() == (f"budget 20m00s of GPU time on 1 GPU: about 5 search trials of 2m00s (at most 6 probes "
                            f"each){said}; estimated from 3 trials")
+    # Paired, the plan keeps what the paired launches need and says so.
+    paired = BudgetPlan("GPU", 1, 1200.0, 120.0, 150.0, 5, 4, True, 3, probes=6, validation_s=400.0, paired=True)
+    assert ", then 4 validation launches of 2m30s (paired on one GPU, 6m40s kept for them)" in paired.text()
 
 
 def test_before_any_trial_the_plan_gives_no_figure():

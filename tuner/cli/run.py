@@ -266,7 +266,8 @@ def _run_here(settings: RunSettings, shown: RunProgress, *, against_itself: bool
                          ray_address=settings.ray_address, on_event=on_event)
     # A window plans as a budget does: the search keeps the validation's time.
     budget = RunBudget(time.time(), settings.budget_s, settings.stop_at,
-                       (settings.top + 1) * settings.repeats if settings.validate else 0) \
+                       (settings.top + 1) * settings.repeats if settings.validate else 0,
+                       settings.top + 1 if settings.validate else 0, settings.pairing) \
         if settings.budget_s is not None or settings.stop_at is not None else None
     try:
         report = runner.run(settings.trials, settings.deadline, stop_at=settings.stop_at, budget=budget) \

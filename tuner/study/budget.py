@@ -23,6 +23,26 @@ def launches_s(launches: int, slots: int, launch_s: float) -> float:
 
 
 @dataclass(frozen=True)
+class LaunchCost:
+    """What a validation launch is expected to take: its engine's startup, then its probes (draining included)."""
+
+    startup_s: float
+    probing_s: float
+
+    @property
+    def total_s(self) -> float:
+        """The whole launch."""
+        return self.startup_s + self.probing_s
+
+    def validation_s(self, launches: int, slots: int, paired_arms: int = 0) -> float:
+        """The clock time of `launches` validation launches on this many slots, a round of launches at a time; or,
+        paired on one GPU (`paired_arms` engines), one startup per arm and then only the launches' probes."""
+        if paired_arms:
+            return paired_arms * self.startup_s + launches * self.probing_s
+        return launches_s(launches, slots, self.total_s)
+
+
+@dataclass(frozen=True)
 class RunBudget:
     """What one run may spend: slot time summed over slots, clock time, or both; and the validation launches it
     keeps time for (0: no validation)."""
@@ -31,6 +51,8 @@ class RunBudget:
     budget_s: float | None = None  # slot time, summed over slots
     window_end: float | None = None  # time.time() by which the run ends
     validation_launches: int = 0
+    validation_arms: int = 0  # the configurations those launches run (vLLM's default among them)
+    pairing: bool = True  # whether the validation may run paired where the platform allows (`--pairing`)
 
     def end(self, slots: int) -> float | None:
         """When the run must have ended (time.time()), on this many slots; None without a limit."""
@@ -39,17 +61,13 @@ class RunBudget:
             ends.append(self.started_at + self.budget_s / max(1, slots))
         return min(ends, default=None)
 
-    def validation_s(self, slots: int, launch_s: float) -> float:
-        """The clock time the validation's launches take on this many slots, `launch_s` each."""
-        return launches_s(self.validation_launches, slots, launch_s)
-
-    def search_end(self, slots: int, launch_s: float) -> float | None:
-        """When the search's last trial must have ended, so that the validation fits before the end; the end
-        itself where the validation cannot fit from the start (the search then has it all)."""
+    def search_end(self, slots: int, validation_s: float) -> float | None:
+        """When the search's last trial must have ended, so that the validation (`validation_s` of clock time) fits
+        before the end; the end itself where the validation cannot fit from the start (the search then has it all)."""
         end = self.end(slots)
         if end is None:
             return None
-        kept = end - self.validation_s(slots, launch_s)
+        kept = end - validation_s
         return kept if kept > self.started_at else end
 
 
@@ -70,6 +88,10 @@ class BudgetPlan:
     measured: int
     probes: int = 1  # a search trial's probes at most (`LoadPolicy.probe_budget`); a validation launch's, twice that
     no_candidate: bool = False  # nothing but vLLM's default to validate yet: the search may use the validation's share
+    # The clock time kept for the validation, paired (one engine started per arm) or not; None in plans stored
+    # before it was: then the launches' rounds at `launch_s` each.
+    validation_s: float | None = None
+    paired: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         """Every field, and the plan in words (`text`)."""
@@ -94,9 +116,11 @@ class BudgetPlan:
         if not self.validation_launches:
             plan = search
         elif self.validation_fits:
-            kept = launches_s(self.validation_launches, self.slots, self.launch_s) * self.slots
+            kept = (self.validation_s if self.validation_s is not None
+                    else launches_s(self.validation_launches, self.slots, self.launch_s)) * self.slots
+            how = "paired on one GPU, " if self.paired else ""
             plan = (f"{search}, then {self.validation_launches} validation launches of "
-                    f"{format_duration(self.launch_s)} ({format_duration(kept)} kept for them)")
+                    f"{format_duration(self.launch_s)} ({how}{format_duration(kept)} kept for them)")
         else:
             plan = (f"{search}; {self.validation_launches} validation launches of {format_duration(self.launch_s)} "
                     f"do not fit, so the answer will not be validated")

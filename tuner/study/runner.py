@@ -42,7 +42,7 @@ from tuner.storage.artifacts import attach_trial_artifacts, trial_dir
 from tuner.study.attrs import (BASELINE_ATTR, KV_LOGGED_ATTR, KV_PREDICTION_ATTR, ON_DEFAULT_ATTR, RERUN_ATTR,
                                RESUMED_ATTR, VALIDATION_ATTR)
 from tuner.study.create import study_context
-from tuner.study.budget import BudgetPlan, RunBudget, launches_s
+from tuner.study.budget import BudgetPlan, LaunchCost, RunBudget
 from tuner.study.events import (BUDGET_END, BUDGET_KEPT, BUDGET_SPENT, NO_TIME_LEFT, WINDOW_END, BudgetPlanned,
                                 PoolReady, RunEvent, RunReport, TrialDone, TrialStarted, TrialSummary, WorkerDone)
 from tuner.study.plan import StoragePlan
@@ -52,6 +52,7 @@ from tuner.traces.selection import fit_trace
 from tuner.validation import (PAIRED, Arm, Pairing, Validation, interleaved, paired_design, pairing, unstarted,
                               validations)
 from tuner.workers.engine_config import EngineConfig
+from tuner.workers.measure import TrialTimings
 from tuner.workers.paired import PairedSpec, sleep_mode_served
 from tuner.workers.pool import WorkerLost, WorkerPool, WorkerResult
 from tuner.workers.probe_log import PROBE_LOG, ProbeLog
@@ -146,14 +147,13 @@ class NothingToValidate(TunerError):
     """A study with no feasible configuration other than vLLM's default: there is no finalist to launch again."""
 
 
-def _expected_trial_s(repo: Repository, settings: StudySettings, trace_span_s: float, validation: bool,
-                      baselines: frozenset[int] | set[int] = frozenset()) -> float:
-    """How long the next trial will likely take: the median of the study's trials of its kind that served (a
-    validation launch searches with twice the probes, `LoadPolicy.for_launch`; a launch that failed fast says
-    little); for a validation launch before any, of the study's trials of vLLM's default (`baselines`), which
-    searched their whole capacity as a validation launch does, where search trials stop at the best so far; before
-    any, of the study's others; before any, of other studies' on the same model; before any, the trace's span,
-    which no trial can take less than."""
+def _like_the_next(repo: Repository, settings: StudySettings, validation: bool,
+                   baselines: frozenset[int] | set[int] = frozenset()) -> list[TrialTimings]:
+    """The timings of the trials the next one will likely take as long as: the study's trials of its kind that served
+    (a validation launch searches with twice the probes, `LoadPolicy.for_launch`; a launch that failed fast says
+    little); for a validation launch before any, the study's trials of vLLM's default (`baselines`), which searched
+    their whole capacity as a validation launch does, where search trials stop at the best so far; before any, the
+    study's others; before any, other studies' on the same model."""
     def served(name: str) -> list[StoredTrial]:
         return [t for t in repo.trials(name)
                 if t.state in (TrialState.COMPLETE, TrialState.PRUNED) and t.timings and t.timings.total_s]
@@ -164,7 +164,15 @@ def _expected_trial_s(repo: Repository, settings: StudySettings, trace_span_s: f
         same_kind = [t for t in own if t.trial_number in baselines]
     found = same_kind or own or [t for other in repo.list_studies() if other.name != settings.name
                                  and other.model == settings.model for t in served(other.name)]
-    return statistics.median(t.timings.total_s for t in found) if found else trace_span_s
+    return [t.timings for t in found if t.timings is not None]
+
+
+def _expected_trial_s(repo: Repository, settings: StudySettings, trace_span_s: float, validation: bool,
+                      baselines: frozenset[int] | set[int] = frozenset()) -> float:
+    """How long the next trial will likely take: the median of `_like_the_next`; before any, the trace's span, which
+    no trial can take less than."""
+    found = _like_the_next(repo, settings, validation, baselines)
+    return statistics.median(t.total_s for t in found) if found else trace_span_s
 
 
 @dataclass
@@ -362,20 +370,42 @@ class StudyRunner:
         """The expected time of a validation launch (`_expected_trial_s`)."""
         return _expected_trial_s(self.repo, self.settings, self.ctx.trace.span_s, True, self._baselines())
 
-    def _budget_short(self, budget: RunBudget, launches: int) -> str | None:
-        """Why the budget cannot hold `launches` validation launches from now; None where it can."""
+    def _launch_cost(self) -> LaunchCost:
+        """A validation launch's expected startup and probes (medians of `_like_the_next`); before any trial, no
+        startup and the trace's span."""
+        found = _like_the_next(self.repo, self.settings, True, self._baselines())
+        if not found:
+            return LaunchCost(0.0, self.ctx.trace.span_s)
+        return LaunchCost(statistics.median(t.startup_s for t in found),
+                          statistics.median(t.replay_s + t.teardown_s for t in found))
+
+    def _validation_s(self, launches: int, arms: int, wanted: bool) -> tuple[float, bool]:
+        """The clock time a validation of `launches` launches of `arms` configurations is expected to take, and
+        whether it would run paired (`_pairs`): then each arm's engine starts once."""
+        paired = self._pairs(arms, wanted).paired
+        return self._launch_cost().validation_s(launches, self._slots, arms if paired else 0), paired
+
+    def _pairs(self, arms: int, wanted: bool) -> Pairing:
+        """Whether a validation of `arms` configurations can run paired on this machine's GPUs and vLLM (`pairing`)."""
+        tp = self.ctx.space.baseline().tensor_parallel_size or 1
+        return pairing(arms, detect_hardware().gpu_count // tp, sleep_mode_served(), wanted)
+
+    def _budget_short(self, budget: RunBudget, launches: int, arms: int) -> str | None:
+        """Why the budget cannot hold `launches` validation launches of `arms` configurations from now; None where it
+        can."""
         end = budget.end(self._slots)
-        launch_s = self._launch_s()
-        needed = launches_s(launches, self._slots, launch_s)
+        needed, paired = self._validation_s(launches, arms, budget.pairing)
         if end is None or time.time() + needed <= end:
             return None
         left = max(0.0, end - time.time()) * self._slots
-        return (f"the budget left {format_duration(left)} of {self._unit()} time, and its {launches} launches of about "
-                f"{format_duration(launch_s)} need {format_duration(needed * self._slots)}")
+        how = ", paired," if paired else ""
+        return (f"the budget left {format_duration(left)} of {self._unit()} time, and its {launches} launches{how} of "
+                f"about {format_duration(self._launch_s())} need {format_duration(needed * self._slots)}")
 
     def _search_end(self, budget: RunBudget) -> float | None:
         """When the search's trials must have ended under the budget, the validation's time kept."""
-        return budget.search_end(self._slots, self._launch_s())
+        return budget.search_end(self._slots, self._validation_s(budget.validation_launches, budget.validation_arms,
+                                                                 budget.pairing)[0])
 
     def _budget_plan(self, budget: RunBudget, n_trials: int | None) -> BudgetPlan:
         """The plan of a search under `budget` from now, on the slots held."""
@@ -384,7 +414,8 @@ class StudyRunner:
         assert end is not None
         trial_s = _expected_trial_s(self.repo, self.settings, self.ctx.trace.span_s, False)
         launch_s = self._launch_s()
-        search_end = budget.search_end(slots, launch_s)
+        validation_s, paired = self._validation_s(budget.validation_launches, budget.validation_arms, budget.pairing)
+        search_end = budget.search_end(slots, validation_s)
         assert search_end is not None
         fit = max(0, math.floor((search_end - time.time()) / trial_s)) * slots if trial_s > 0 else 0
         measured = sum(t.timings is not None for t in self.repo.trials(self.settings.name))
@@ -392,7 +423,8 @@ class StudyRunner:
                           fit if n_trials is None else min(fit, n_trials), budget.validation_launches,
                           search_end < end or not budget.validation_launches, measured,
                           self.settings.load.probe_budget if self.settings.load.mode == "search" else 1,
-                          no_candidate=bool(budget.validation_launches) and measured > 0 and not self._a_candidate())
+                          no_candidate=bool(budget.validation_launches) and measured > 0 and not self._a_candidate(),
+                          validation_s=validation_s, paired=paired)
 
     @_stops_when_the_database_is_lost
     def validate(self, top: int, repeats: int, *, against_itself: bool = False, deadline: float | None = None,
@@ -419,7 +451,8 @@ class StudyRunner:
         terms = validation_terms(self.settings)
         if self._no_time_for_a_trial(deadline, stop_at, validation=True):  # nothing queued for one that cannot start
             return unstarted(run, repeats, arms, *terms), RunReport(stopped_early=NO_TIME_LEFT)
-        if budget is not None and (short := self._budget_short(budget, len(arms) * repeats)) is not None:
+        if budget is not None and (short := self._budget_short(dataclasses.replace(budget, pairing=paired),
+                                                                len(arms) * repeats, len(arms))) is not None:
             return unstarted(run, repeats, arms, *terms), RunReport(stopped_early=short, spent=self.spent())
         frozen = self.study.get_trials(deepcopy=False)
         # Configurations queued before (the baseline of a study not run yet, say) are asked first: they run too.
@@ -454,12 +487,11 @@ class StudyRunner:
                  stop_at: float | None) -> Pairing:
         """Whether this validation runs paired (`pairing`), decided before anything is launched: on this machine's
         GPUs and vLLM, with nothing else queued to run first, and where its launches, run as one job, end in time."""
-        tp = self.ctx.space.baseline().tensor_parallel_size or 1
-        plan = pairing(arms, detect_hardware().gpu_count // tp, sleep_mode_served(), wanted)
+        plan = self._pairs(arms, wanted)
         if plan.paired and queued:
             return Pairing(False, "trials queued before the validation run first")
         ends = [t for t in (deadline, stop_at) if t is not None]
-        expected_s = launches * self._launch_s()
+        expected_s = self._launch_cost().validation_s(launches, 1, arms)
         if plan.paired and ends and time.time() + expected_s > min(ends):
             return Pairing(False, f"run paired, its {launches} launches are one job, which would not end in time "
                                   f"(about {format_duration(expected_s)})")
