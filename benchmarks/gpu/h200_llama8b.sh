@@ -55,7 +55,7 @@ case $phase in
     tuner model arch llama-3.1-8b "$model"
     tuner study status "$name" > /dev/null 2>&1 ||
       tuner study create "$name" --model "$model" --space auto --allow-fp8 --boundary interactive \
-        --max-requests 300 --rate-scale "$scale" --probe-requests 300 --probe-seconds 8 --probe-budget 5 \
+        --max-requests 300 --rate-scale "$scale" --probe-requests 300 --probe-seconds 8 --probe-budget 5 --precision 0.1 \
         --seed 0 --startup-timeout 400 --request-timeout 300 | tee "$out/create.txt"
     detach bash -c "python3 -m tuner study run $name --budget ${BUDGET:-20m} --json > $out/run-budget.json \
       2> $out/run-budget.log"
