@@ -45,6 +45,10 @@ def test_the_plan_says_what_it_keeps_and_what_does_not_fit(fits, said):
     plan = BudgetPlan("GPU", 1, 1200.0, 120.0, 150.0, 5, 4, fits, 3, probes=6)
     assert plan.text() == (f"budget 20m00s of GPU time on 1 GPU: about 5 search trials of 2m00s (at most 6 probes "
                            f"each){said}; estimated from 3 trials")
+    # With nothing but vLLM's default to validate yet, a validation that fits lets the search into its share; one
+    # that does not fit has no share to let it into.
+    waiting = BudgetPlan("GPU", 1, 1200.0, 120.0, 150.0, 5, 4, fits, 3, probes=6, no_candidate=True).text()
+    assert ("the search goes on into the validation's share" in waiting) == fits
     # Paired, the plan keeps what the paired launches need and says so.
     paired = BudgetPlan("GPU", 1, 1200.0, 120.0, 150.0, 5, 4, True, 3, probes=6, validation_s=400.0, paired=True)
     assert ", then 4 validation launches of 2m30s (paired on one GPU, 6m40s kept for them)" in paired.text()

@@ -124,7 +124,7 @@ class BudgetPlan:
         else:
             plan = (f"{search}; {self.validation_launches} validation launches of {format_duration(self.launch_s)} "
                     f"do not fit, so the answer will not be validated")
-        if self.no_candidate:
+        if self.no_candidate and self.validation_fits and self.validation_launches:
             plan += ("; while vLLM's default is the only candidate, the search goes on into the validation's share "
                      "(a validation needs another configuration to launch)")
         return f"{head}{plan}; estimated from {self.measured} trials"
