@@ -130,29 +130,6 @@ class TrialSummaryAnswer(Answer):
     validation: Optional[ValidationMark] = Field(description="None for a search trial.")  # the record itself
 
 
-class RunReportAnswer(Answer):
-    """What a study run did (`tuner.study.events.RunReport`, what `tuner study run --json` prints): every trial it
-    ended, validation launches included, why it stopped before its budget if it did, and its validation's verdict
-    (None: not asked for)."""
-
-    trials: list[TrialSummaryAnswer]
-    stopped_early: Optional[str]
-    validation: Optional[str]
-    spent: Optional[SpendAnswer] = Field(None, description="What the run's slots' time went to")
-
-
-class TrialInFlight(Answer):
-    """A trial a run started and has not ended (`tuner.study.events.TrialStarted`), as the run's events file holds
-    it: its number, whether it runs vLLM's default, its engine settings, its slot and when it started."""
-
-    kind: Literal["trial_started"] = Field(description="The event that started it.")
-    number: int
-    baseline: bool
-    config: JsonObject
-    slot: int
-    at: Number = Field(description="When it started, in seconds since the epoch.")
-
-
 class BudgetPlanAnswer(Answer):
     """A run's budget plan (`tuner.study.budget.BudgetPlan`): its slots, budget (seconds of slot time), the search
     trials that fit and their expected length, the validation's launches and whether they fit, and the plan in
@@ -168,7 +145,37 @@ class BudgetPlanAnswer(Answer):
     validation_fits: bool
     measured: int
     probes: int
+    no_candidate: bool = Field(False, description="Nothing but vLLM's default to validate yet: the search may use "
+                                                  "the validation's share.")
+    validation_s: Optional[Number] = Field(None, description="Clock time kept for the validation; None in plans "
+                                                             "stored before it was.")
+    paired: bool = Field(False, description="Whether the validation was planned paired on one GPU.")
     text: str
+
+
+class RunReportAnswer(Answer):
+    """What a study run did (`tuner.study.events.RunReport`, what `tuner study run --json` prints): every trial it
+    ended, validation launches included, why it stopped before its budget if it did, and its validation's verdict
+    (None: not asked for)."""
+
+    trials: list[TrialSummaryAnswer]
+    stopped_early: Optional[str]
+    validation: Optional[str]
+    spent: Optional[SpendAnswer] = Field(None, description="What the run's slots' time went to")
+    plan: Optional[BudgetPlanAnswer] = Field(None, description="The budget's plan as the run last said it; None "
+                                                               "without a budget or a window")
+
+
+class TrialInFlight(Answer):
+    """A trial a run started and has not ended (`tuner.study.events.TrialStarted`), as the run's events file holds
+    it: its number, whether it runs vLLM's default, its engine settings, its slot and when it started."""
+
+    kind: Literal["trial_started"] = Field(description="The event that started it.")
+    number: int
+    baseline: bool
+    config: JsonObject
+    slot: int
+    at: Number = Field(description="When it started, in seconds since the epoch.")
 
 
 class RunAnswer(Answer):

@@ -35,7 +35,7 @@ def test_a_run_is_read_from_its_events_and_answered_as_they_and_its_report_hold_
     lines = [event_line(e) for e in (BudgetPlanned(PLAN), STARTED[0], STARTED[1], TrialDone(DONE), TrialDone(PRUNED),
                                      STARTED[2])]
     (tmp_path / EVENTS_FILE).write_text("".join(lines) + '{"kind": "trial_do')  # the last line is being written
-    report = RunReport([DONE, PRUNED], stopped_early="the run was stopped (SIGINT)", validation=None)
+    report = RunReport([DONE, PRUNED], stopped_early="the run was stopped (SIGINT)", validation=None, plan=PLAN)
     printed = json.dumps(report.to_dict())
     child = StudyRunChild.start([sys.executable, "-c", f"print({printed!r})"], dict(os.environ), tmp_path)
     assert child.wait(30) is not None
@@ -49,3 +49,12 @@ def test_a_run_is_read_from_its_events_and_answered_as_they_and_its_report_hold_
         "exit_code": 0, "error": None, "result": json.loads(printed), "in_flight": [json.loads(lines[-1])],
         "finished": [json.loads(line)["summary"] for line in lines[3:5]], "progress": {"done": 2, "of": 3},
         "plan": json.loads(lines[0])["plan"]})
+
+
+def test_the_runs_report_carries_its_budget_plan_as_the_run_last_said_it():
+    paired = BudgetPlan("GPU", 1, 1200.0, 250.0, 250.0, 1, 4, True, 1, 5, no_candidate=True, validation_s=780.0,
+                        paired=True)
+    for plan in (paired, None):
+        report = RunReport([DONE], plan=plan)
+        assert RunReport.from_dict(json.loads(json.dumps(report.to_dict()))) == report
+    assert RunReport([DONE], plan=paired).to_dict()["plan"]["text"] == paired.text()

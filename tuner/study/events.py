@@ -62,18 +62,20 @@ class RunReport:
     stopped_early: str | None = None  # why fewer trials ran than asked
     validation: str | None = None
     spent: Spend | None = None  # what the run's slots' time went to; None when no slot was held
+    plan: BudgetPlan | None = None  # the budget's plan as the run last said it; None without a budget
 
     def to_dict(self) -> dict:
         """JSON-ready: what `tuner study run --json` prints."""
         return {"trials": [t.to_dict() for t in self.trials], "stopped_early": self.stopped_early,
-                "validation": self.validation, "spent": self.spent.to_dict() if self.spent else None}
+                "validation": self.validation, "spent": self.spent.to_dict() if self.spent else None,
+                "plan": self.plan.to_dict() if self.plan else None}
 
     @classmethod
     def from_dict(cls, data: dict) -> RunReport:
         """The report `to_dict` gave (as a run on the service hands it back)."""
-        spent = data.get("spent")
+        spent, plan = data.get("spent"), data.get("plan")
         return cls([TrialSummary.from_dict(t) for t in data["trials"]], data["stopped_early"], data.get("validation"),
-                   Spend.from_dict(spent) if spent else None)
+                   Spend.from_dict(spent) if spent else None, BudgetPlan.from_dict(plan) if plan else None)
 
 
 # The events, one record per kind.

@@ -246,9 +246,9 @@ class StudyRunner:
                 if budget_end is not None and (stop_at is None or budget_end < stop_at):
                     stop_at, at_end = budget_end, BUDGET_END
                 if not planned:
-                    plan = self._budget_plan(budget, n_trials)
-                    self._emit(BudgetPlanned(plan))
-                    planned = plan.measured > 0
+                    report.plan = self._budget_plan(budget, n_trials)
+                    self._emit(BudgetPlanned(report.plan))
+                    planned = report.plan.measured > 0
             free = [slot.index for slot in pool.slots]
             freed_at: dict[int, float] = {}
             in_flight: dict[ray.ObjectRef, _InFlight] = {}
@@ -305,7 +305,8 @@ class StudyRunner:
                         report.trials.append(self._finish(job, result))
                         if budget is not None and not planned:
                             # The first trial's time replaces the trace's span as the plan's estimate.
-                            self._emit(BudgetPlanned(self._budget_plan(budget, n_trials and n_trials - begun)))
+                            report.plan = self._budget_plan(budget, n_trials and n_trials - begun)
+                            self._emit(BudgetPlanned(report.plan))
                             planned = True
                     finally:
                         job.beat.stop()
