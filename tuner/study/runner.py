@@ -4,7 +4,6 @@ Optuna. The only module of tuner.study that imports Ray."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 import functools
 import math
 import statistics
@@ -14,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import optuna
 import ray
