@@ -346,6 +346,11 @@ class LoadSearch:
         return candidate if inside and policy.min_factor <= candidate <= policy.max_factor else None
 
 
+# The probes a launch that starts at its expected capacity (`LoadSearch.start_factor`) takes when the expectation
+# holds: the reference load, that capacity, and one precision step beyond it, which fails and settles the bracket.
+SETTLED_FROM_START = 3
+
+
 def _within(lo: float, hi: float, precision: float) -> bool:
     """Whether a bracket is within the precision; a hair of tolerance, as a step down by the precision and back up
     need not land on the same float."""

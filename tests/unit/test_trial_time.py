@@ -7,9 +7,11 @@ from dataclasses import replace
 
 import pytest
 
-from factories import MACHINE, request_records, study_settings, trial_record
+from factories import MACHINE, probe_ladder, request_records, study_settings, trial_record
+from tuner.capacity import SETTLED_FROM_START, LoadPolicy
 from tuner.storage import Repository, StoredTrial, TrialState
-from tuner.study.runner import _expected_trial_s
+from tuner.study.budget import LaunchCost
+from tuner.study.runner import _expected_trial_s, _launch_cost
 from tuner.validation import ValidationMark
 from tuner.workers.measure import TrialTimings
 
@@ -44,3 +46,27 @@ def test_a_validation_launch_is_expected_to_take_what_the_validation_launches_to
     other = replace(settings, name="s2")
     repo.save_study(other)
     assert _expected_trial_s(repo, other, 30.0, validation=False) == pytest.approx(120.0)
+
+
+def test_a_validation_launch_judged_by_the_default_takes_the_probes_of_a_search_from_its_capacity(tmp_path):
+    # vLLM's default searched its whole capacity in 4 probes (the H100's, 2026-12-07: 140 s of probes); a validation
+    # launch starts at the capacity its configuration showed, and settles its bracket in the reference probe, that
+    # load and one step above it: 3 probes of the 4, each as long as the default's were.
+    repo = Repository(f"sqlite:///{tmp_path / 'tuner.db'}")
+    repo.migrate()
+    settings = study_settings(load=LoadPolicy(mode="search", precision=0.1, probe_budget=5))
+    repo.save_study(settings)
+    ladder = probe_ladder([(1.0, "pass", 0.15, 7.0), (2.0, "inconclusive", 0.6, 16.0), (1.41, "pass", 0.2, 9.0),
+                           (1.68, "pass", 0.3, 10.5)])
+    record = replace(trial_record(request_records(4), died=False), timings=TrialTimings(108.0, 140.0, 4.0),
+                     hardware=MACHINE)
+    repo.save_trial(StoredTrial.from_record("s1", 0, record, state=TrialState.COMPLETE, score=None, probes=ladder), [])
+    launch = _launch_cost(repo, settings, 30.0, validation=True, baselines={0})
+    assert launch == LaunchCost(108.0, pytest.approx(144.0 / 4 * SETTLED_FROM_START))
+    # A search trial that follows takes what the default took, probes and all.
+    assert _expected_trial_s(repo, settings, 30.0, validation=False) == pytest.approx(252.0)
+    # Once validation launches ran, theirs is the measure.
+    done = replace(record, timings=TrialTimings(60.0, 90.0, 2.0))
+    repo.save_trial(StoredTrial.from_record("s1", 1, done, state=TrialState.COMPLETE, score=None, probes=ladder[:3],
+                                            validation=ValidationMark(1, 1, 2, 0, None)), [])
+    assert _launch_cost(repo, settings, 30.0, validation=True, baselines={0}) == LaunchCost(60.0, 92.0)

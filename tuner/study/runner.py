@@ -24,7 +24,7 @@ from optuna.trial import TrialState as OptunaState
 from sqlalchemy.exc import OperationalError
 
 from tuner.bottleneck import measurement_attrs
-from tuner.capacity import JudgedProbe, capacity_of
+from tuner.capacity import SETTLED_FROM_START, JudgedProbe, capacity_of
 from tuner.diagnosis import LIMITING_RESOURCE_ATTR, EngineCaps, limiting_resource
 from tuner.hardware import detect_hardware
 from tuner.kv_budget import KvPrediction, estimate_kv, logged_kv_tokens
@@ -52,7 +52,6 @@ from tuner.traces.selection import fit_trace
 from tuner.validation import (PAIRED, Arm, Pairing, Validation, interleaved, paired_design, pairing, unstarted,
                               validations)
 from tuner.workers.engine_config import EngineConfig
-from tuner.workers.measure import TrialTimings
 from tuner.workers.paired import PairedSpec, sleep_mode_served
 from tuner.workers.pool import WorkerLost, WorkerPool, WorkerResult
 from tuner.workers.probe_log import PROBE_LOG, ProbeLog
@@ -148,9 +147,9 @@ class NothingToValidate(TunerError):
 
 
 def _like_the_next(repo: Repository, settings: StudySettings, validation: bool,
-                   baselines: frozenset[int] | set[int] = frozenset()) -> list[TrialTimings]:
-    """The timings of the trials the next one will likely take as long as: the study's trials of its kind that served
-    (a validation launch searches with twice the probes, `LoadPolicy.for_launch`; a launch that failed fast says
+                   baselines: frozenset[int] | set[int] = frozenset()) -> list[StoredTrial]:
+    """The trials the next one will likely take as long as: the study's trials of its kind that served (a
+    validation launch searches with twice the probes, `LoadPolicy.for_launch`; a launch that failed fast says
     little); for a validation launch before any, the study's trials of vLLM's default (`baselines`), which searched
     their whole capacity as a validation launch does, where search trials stop at the best so far; before any, the
     study's others; before any, other studies' on the same model."""
@@ -162,17 +161,37 @@ def _like_the_next(repo: Repository, settings: StudySettings, validation: bool,
     same_kind = [t for t in own if (t.validation is not None) == validation]
     if validation and not same_kind:
         same_kind = [t for t in own if t.trial_number in baselines]
-    found = same_kind or own or [t for other in repo.list_studies() if other.name != settings.name
-                                 and other.model == settings.model for t in served(other.name)]
-    return [t.timings for t in found if t.timings is not None]
+    return same_kind or own or [t for other in repo.list_studies() if other.name != settings.name
+                                and other.model == settings.model for t in served(other.name)]
+
+
+def _probing_s(trial: StoredTrial, validation: bool, search: bool) -> float:
+    """What `trial`'s probes (draining and teardown included) tell of the next launch's: for a validation launch
+    judged by a trial that was none (vLLM's default's whole search), the seconds a probe took times the probes a
+    launch that starts at its configuration's capacity takes (`SETTLED_FROM_START`); else its own."""
+    assert trial.timings is not None
+    took = trial.timings.replay_s + trial.timings.teardown_s
+    if validation and trial.validation is None and search and trial.probes:
+        return took / len(trial.probes) * SETTLED_FROM_START
+    return took
+
+
+def _launch_cost(repo: Repository, settings: StudySettings, trace_span_s: float, validation: bool,
+                 baselines: frozenset[int] | set[int] = frozenset()) -> LaunchCost:
+    """The next launch's expected startup and probes: medians over `_like_the_next` (`_probing_s`); before any
+    trial, no startup and the trace's span, which no trial can take less than."""
+    found = _like_the_next(repo, settings, validation, baselines)
+    if not found:
+        return LaunchCost(0.0, trace_span_s)
+    search = settings.load.mode == "search"
+    return LaunchCost(statistics.median(t.timings.startup_s for t in found if t.timings is not None),
+                      statistics.median(_probing_s(t, validation, search) for t in found))
 
 
 def _expected_trial_s(repo: Repository, settings: StudySettings, trace_span_s: float, validation: bool,
                       baselines: frozenset[int] | set[int] = frozenset()) -> float:
-    """How long the next trial will likely take: the median of `_like_the_next`; before any, the trace's span, which
-    no trial can take less than."""
-    found = _like_the_next(repo, settings, validation, baselines)
-    return statistics.median(t.total_s for t in found) if found else trace_span_s
+    """How long the next trial will likely take (`_launch_cost`)."""
+    return _launch_cost(repo, settings, trace_span_s, validation, baselines).total_s
 
 
 @dataclass
@@ -369,16 +388,11 @@ class StudyRunner:
 
     def _launch_s(self) -> float:
         """The expected time of a validation launch (`_expected_trial_s`)."""
-        return _expected_trial_s(self.repo, self.settings, self.ctx.trace.span_s, True, self._baselines())
+        return self._launch_cost().total_s
 
     def _launch_cost(self) -> LaunchCost:
-        """A validation launch's expected startup and probes (medians of `_like_the_next`); before any trial, no
-        startup and the trace's span."""
-        found = _like_the_next(self.repo, self.settings, True, self._baselines())
-        if not found:
-            return LaunchCost(0.0, self.ctx.trace.span_s)
-        return LaunchCost(statistics.median(t.startup_s for t in found),
-                          statistics.median(t.replay_s + t.teardown_s for t in found))
+        """A validation launch's expected startup and probes (`_launch_cost`)."""
+        return _launch_cost(self.repo, self.settings, self.ctx.trace.span_s, True, self._baselines())
 
     def _validation_s(self, launches: int, arms: int, wanted: bool) -> tuple[float, bool]:
         """The clock time a validation of `launches` launches of `arms` configurations is expected to take, and
