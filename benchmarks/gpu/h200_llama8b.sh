@@ -16,6 +16,7 @@
 #                                                  # validation included, in the background; then waits
 #   bash benchmarks/gpu/h200_llama8b.sh budget-rest  # the budget study carried in .gpu-state/: TRIALS (default 1)
 #                                                  # more trials, then the validation, unbudgeted, in the background
+#   bash benchmarks/gpu/h200_llama8b.sh budget-wait  # wait again for the budget study's run (packs its records)
 # The trials and the validation run in their own session (setsid), so they go on between calls while the
 # machine stays warm; each call waits at most WAIT_S seconds (default 300, the most a machine taken back loses),
 # then leaves everything so far in $OUT/h200-llama8b.tar.gz. TRIALS: trials the study runs (default 5, vLLM's
@@ -72,7 +73,7 @@ case $phase in
   validate)
     validate_study
     ;;
-  wait)
+  wait|budget-wait)
     wait_running
     ;;
   longer)
