@@ -16,6 +16,8 @@
 #                                                  # validation included, in the background; then waits
 #   bash benchmarks/gpu/h200_llama8b.sh budget-rest  # the budget study carried in .gpu-state/: TRIALS (default 1)
 #                                                  # more trials, then the validation, unbudgeted, in the background
+#   bash benchmarks/gpu/h200_llama8b.sh budget-aa  # the budget study carried in .gpu-state/: an A/A check of vLLM's
+#                                                  # default, paired where sleep mode serves, in the background
 #   bash benchmarks/gpu/h200_llama8b.sh budget-wait  # wait again for the budget study's run (packs its records)
 # The trials and the validation run in their own session (setsid), so they go on between calls while the
 # machine stays warm; each call waits at most WAIT_S seconds (default 300, the most a machine taken back loses),
@@ -68,6 +70,13 @@ case $phase in
     detach bash -c "python3 -m tuner study run $name --trials ${TRIALS:-1} --no-validate --json > $out/run-rest.json \
       2> $out/run-rest.log; python3 -m tuner study validate $name --repeats 2 --json > $out/validate.json \
       2> $out/validate.log"
+    wait_running
+    ;;
+  budget-aa)
+    watch_gpu
+    tuner model arch llama-3.1-8b "$model"
+    detach bash -c "python3 -m tuner study validate $name --against-itself --repeats 2 --json > $out/validate-aa.json \
+      2> $out/validate-aa.log"
     wait_running
     ;;
   validate)
