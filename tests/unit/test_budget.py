@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tuner.study.budget import BudgetPlan, LaunchCost, RunBudget
+from tuner.workers.paired import expected_sleep_s
 
 
 def test_a_budget_of_gpu_time_ends_sooner_on_more_slots():
@@ -31,6 +32,17 @@ def test_the_search_ends_where_the_validations_launches_must_begin():
 def test_a_paired_validation_starts_one_engine_per_arm():
     # Two arms, two rounds: two startups, then four launches' probes, one after the other on one GPU.
     assert LaunchCost(startup_s=100.0, probing_s=50.0).validation_s(4, 1, paired_arms=2) == 400.0
+
+
+def test_a_paired_engine_sleeps_after_its_launch_and_after_each_probe():
+    # The H100's first paired validation (2026-12-07): the default's engine took 12.4 s to fall asleep (15.0 GiB of
+    # weights copied to host memory). Two arms, four launches of three probes: 2 + 12 sleeps.
+    sleep_s = expected_sleep_s(int(15.0 * 2**30))
+    assert sleep_s == pytest.approx(12.5)
+    launch = LaunchCost(startup_s=100.0, probing_s=105.0, probes=3, sleep_s=sleep_s)
+    assert launch.validation_s(4, 1, paired_arms=2) == pytest.approx(2 * 100.0 + 4 * 105.0 + 14 * sleep_s)
+    # Launches one after the other never sleep.
+    assert launch.validation_s(4, 1) == 4 * 205.0
 
 
 def test_a_validation_that_cannot_fit_leaves_the_search_the_whole_budget():

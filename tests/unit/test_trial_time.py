@@ -61,12 +61,15 @@ def test_a_validation_launch_judged_by_the_default_takes_the_probes_of_a_search_
     record = replace(trial_record(request_records(4), died=False), timings=TrialTimings(108.0, 140.0, 4.0),
                      hardware=MACHINE)
     repo.save_trial(StoredTrial.from_record("s1", 0, record, state=TrialState.COMPLETE, score=None, probes=ladder), [])
-    launch = _launch_cost(repo, settings, 30.0, validation=True, baselines={0})
-    assert launch == LaunchCost(108.0, pytest.approx(144.0 / 4 * SETTLED_FROM_START))
+    launch = _launch_cost(repo, settings, 30.0, validation=True, baselines={0}, sleep_s=12.0)
+    assert launch == LaunchCost(108.0, pytest.approx(144.0 / 4 * SETTLED_FROM_START), SETTLED_FROM_START, 12.0)
     # A search trial that follows takes what the default took, probes and all.
     assert _expected_trial_s(repo, settings, 30.0, validation=False) == pytest.approx(252.0)
-    # Once validation launches ran, theirs is the measure.
+    # Once validation launches ran, theirs is the measure; a paired one's timings hold its engine's sleeps.
     done = replace(record, timings=TrialTimings(60.0, 90.0, 2.0))
     repo.save_trial(StoredTrial.from_record("s1", 1, done, state=TrialState.COMPLETE, score=None, probes=ladder[:3],
                                             validation=ValidationMark(1, 1, 2, 0, None)), [])
-    assert _launch_cost(repo, settings, 30.0, validation=True, baselines={0}) == LaunchCost(60.0, 92.0)
+    assert _launch_cost(repo, settings, 30.0, True, {0}, sleep_s=12.0) == LaunchCost(60.0, 92.0, 3, 12.0)
+    repo.save_trial(StoredTrial.from_record("s1", 2, done, state=TrialState.COMPLETE, score=None, probes=ladder[:3],
+                                            validation=ValidationMark(1, 1, 2, 1, 0, paired=True)), [])
+    assert _launch_cost(repo, settings, 30.0, True, {0}, sleep_s=12.0) == LaunchCost(60.0, 92.0, 3, 0.0)

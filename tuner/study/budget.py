@@ -28,6 +28,10 @@ class LaunchCost:
 
     startup_s: float
     probing_s: float
+    probes: float = 0.0  # how many probes that is
+    # Paired only: one engine's sleep, after its launch and after each of its probes (workers/paired.py); 0 where
+    # the timings it was judged by hold their sleeps already.
+    sleep_s: float = 0.0
 
     @property
     def total_s(self) -> float:
@@ -36,9 +40,11 @@ class LaunchCost:
 
     def validation_s(self, launches: int, slots: int, paired_arms: int = 0) -> float:
         """The clock time of `launches` validation launches on this many slots, a round of launches at a time; or,
-        paired on one GPU (`paired_arms` engines), one startup per arm and then only the launches' probes."""
+        paired on one GPU (`paired_arms` engines), one startup and sleep per arm and then the launches' probes, each
+        followed by its engine's sleep."""
         if paired_arms:
-            return paired_arms * self.startup_s + launches * self.probing_s
+            return paired_arms * (self.startup_s + self.sleep_s) + launches * (self.probing_s +
+                                                                              self.probes * self.sleep_s)
         return launches_s(launches, slots, self.total_s)
 
 

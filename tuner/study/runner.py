@@ -52,7 +52,7 @@ from tuner.traces.selection import fit_trace
 from tuner.validation import (PAIRED, Arm, Pairing, Validation, interleaved, paired_design, pairing, unstarted,
                               validations)
 from tuner.workers.engine_config import EngineConfig
-from tuner.workers.paired import PairedSpec, sleep_mode_served
+from tuner.workers.paired import PairedSpec, expected_sleep_s, sleep_mode_served
 from tuner.workers.pool import WorkerLost, WorkerPool, WorkerResult
 from tuner.workers.probe_log import PROBE_LOG, ProbeLog
 from tuner.workers.trial import ARTIFACTS, TrialOutcome, TrialSpec
@@ -177,15 +177,19 @@ def _probing_s(trial: StoredTrial, validation: bool, search: bool) -> float:
 
 
 def _launch_cost(repo: Repository, settings: StudySettings, trace_span_s: float, validation: bool,
-                 baselines: frozenset[int] | set[int] = frozenset()) -> LaunchCost:
+                 baselines: frozenset[int] | set[int] = frozenset(), sleep_s: float = 0.0) -> LaunchCost:
     """The next launch's expected startup and probes: medians over `_like_the_next` (`_probing_s`); before any
-    trial, no startup and the trace's span, which no trial can take less than."""
+    trial, no startup and the trace's span, which no trial can take less than. `sleep_s`: a paired engine's sleep,
+    kept where no launch judged by ran paired (theirs hold their sleeps)."""
     found = _like_the_next(repo, settings, validation, baselines)
     if not found:
-        return LaunchCost(0.0, trace_span_s)
+        return LaunchCost(0.0, trace_span_s, 1, sleep_s)
     search = settings.load.mode == "search"
+    by_default = validation and search and all(t.validation is None for t in found)
     return LaunchCost(statistics.median(t.timings.startup_s for t in found if t.timings is not None),
-                      statistics.median(_probing_s(t, validation, search) for t in found))
+                      statistics.median(_probing_s(t, validation, search) for t in found),
+                      SETTLED_FROM_START if by_default else statistics.median(max(1, len(t.probes)) for t in found),
+                      0.0 if any(t.validation is not None and t.validation.paired for t in found) else sleep_s)
 
 
 def _expected_trial_s(repo: Repository, settings: StudySettings, trace_span_s: float, validation: bool,
@@ -391,8 +395,11 @@ class StudyRunner:
         return self._launch_cost().total_s
 
     def _launch_cost(self) -> LaunchCost:
-        """A validation launch's expected startup and probes (`_launch_cost`)."""
-        return _launch_cost(self.repo, self.settings, self.ctx.trace.span_s, True, self._baselines())
+        """A validation launch's expected startup and probes (`_launch_cost`), and where it runs paired, its
+        engine's sleeps, by the weights of vLLM's default (`expected_sleep_s`)."""
+        memory = self.ctx.space_context.model_memory
+        sleep_s = expected_sleep_s(memory.weight_bytes()) if memory is not None else 0.0
+        return _launch_cost(self.repo, self.settings, self.ctx.trace.span_s, True, self._baselines(), sleep_s)
 
     def _validation_s(self, launches: int, arms: int, wanted: bool) -> tuple[float, bool]:
         """The clock time a validation of `launches` launches of `arms` configurations is expected to take, and
