@@ -4,9 +4,9 @@ ARG VLLM_IMAGE=vllm/vllm-openai:v0.24.0
 FROM ${VLLM_IMAGE}
 
 WORKDIR /opt/tuner
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
 COPY tuner ./tuner
-COPY workers ./workers
+# The package data of tuner.storage (its migrations) and tuner.search_spaces (the bundled spaces): setup.py.
 COPY storage ./storage
 COPY search_spaces ./search_spaces
 # vLLM and its CUDA torch come with the base image (it satisfies the `gpu` extra); pip adds the rest.
