@@ -12,7 +12,6 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Annotated, Literal, Optional, Union
 
 from fastapi import Depends, FastAPI, HTTPException, Query, Request
@@ -29,27 +28,11 @@ from tuner.studies import (Answer, CapacityAnswer, Enqueued, JsonObject, LocalSt
                            StudyListing, SpendAnswer, StudyRequest, StudyStatus)
 from tuner.supervisor import STOP_GRACE_S, RunState
 
-TOKEN_ENV = "TUNER_API_TOKEN"
-TOKEN_FILE_ENV = "TUNER_API_TOKEN_FILE"
 APP_NAME = "tuner"
 BEARER = HTTPBearer(auto_error=False)
 # How long the replica may take to stop: its runs' stop wait (they stop together), then their kill and the
 # replica's own exit. Serve kills the replica after this (a run still going then gets SIGTERM as it dies).
 SHUTDOWN_TIMEOUT_S = STOP_GRACE_S + 30
-
-
-def read_token(token_file: Path | None) -> str | None:
-    """The bearer token: from the file if one is given (or named by TUNER_API_TOKEN_FILE), else TUNER_API_TOKEN."""
-    token_file = token_file or (Path(os.environ[TOKEN_FILE_ENV]) if os.environ.get(TOKEN_FILE_ENV) else None)
-    if token_file is not None:
-        try:
-            token = token_file.read_text().strip()
-        except OSError as exc:
-            raise TunerError(f"cannot read the token file {token_file}: {exc.strerror}") from None
-        if not token:
-            raise TunerError(f"the token file {token_file} is empty")
-        return token
-    return os.environ.get(TOKEN_ENV) or None
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from tuner.api_token import read_token
 from tuner.cli.options import ArtifactsOption, RayAddressOption, StorageOption, storage_plan
 from tuner.console import err
 from tuner.errors import TunerError
@@ -60,7 +61,7 @@ def serve(
         # Else the local Ray cluster would listen on every address, reachable where the service is not.
         os.environ[RAY_LOOPBACK_ENV] = "0"
     os.environ.setdefault(SERVE_PROXY_READY_ENV, SERVE_PROXY_READY_S)
-    from tuner.service import ServiceConfig, host_service, read_token
+    from tuner.service import ServiceConfig, host_service
     from tuner.storage.urls import redact_url
 
     token = read_token(token_file)
