@@ -20,9 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from tuner.capacity import JudgedProbe, LoadPolicy, capacity_of
-from tuner.describe import capacity_line
 from tuner.errors import TunerError
-from tuner.scoring import Boundary, Capacity, Score, score
+from tuner.scoring import Boundary, Capacity, Score, capacity_line, score
 from tuner.traces.records import PREFIX_BLOCK_TOKENS, Trace, Transformation
 from tuner.traces.selection import TraceSelection, fit_trace, load_trace
 from tuner.traces.transforms import scale_rate

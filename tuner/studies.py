@@ -748,10 +748,9 @@ class LocalStudies:
         """`Studies.status` from this process's storage."""
         from optuna.trial import TrialState
 
-        from tuner.describe import trial_limit
         from tuner.scoring import boundary
         from tuner.storage import StoredTrial
-        from tuner.study.recommendation import find_baseline, recommend
+        from tuner.study.recommendation import find_baseline, recommend, trial_limit
 
         repo, settings, study = self._open(name)
         stored = repo.trials(name)

@@ -11,8 +11,9 @@ from rich.table import Table
 from rich.text import Text
 
 from tuner.console import fmt, out
-from tuner.describe import capacity_line, context_line, throughput_line
+from tuner.describe import context_line, throughput_line
 from tuner.durations import format_duration
+from tuner.scoring import capacity_line
 from tuner.study.recommendation import capacity_sentence, gain_sentence
 
 if TYPE_CHECKING:

@@ -24,6 +24,7 @@ from tuner.cli.present import ladder_capacity_line, print_probe_ladder, print_re
 from tuner.console import err, fmt, out, print_json, progress_bar
 from tuner.describe import boundary_line
 from tuner.errors import TunerError
+from tuner.scoring import capacity_line
 
 if TYPE_CHECKING:
     from tuner.compare import CompareResult, CompareRun
@@ -81,7 +82,6 @@ def study_report(
 def _compare_rows(result: CompareResult) -> list[tuple[str | Text, list]]:
     """(what, one cell per value) rows of the side-by-side table: after a load search, each value's capacity
     first, then what its probe at the reference load measured."""
-    from tuner.describe import capacity_line
 
     def cells(fn) -> list[str]:
         out = []

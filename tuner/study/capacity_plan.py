@@ -273,9 +273,8 @@ def plan_capacity(repo: Repository, settings: StudySettings, optuna_study: optun
     """The plan for the stored study: vLLM's default, the recommendation and (where that changes the model's
     numerics) the best at its own precision; TunerError while the study has neither a recommendation nor a run of
     the default, or where the traffic cannot be had (an unreadable trace without --peak)."""
-    from tuner.describe import trial_limit
     from tuner.search_spaces.loading import parse_space
-    from tuner.study.recommendation import Recommendation, find_baseline, recommend
+    from tuner.study.recommendation import Recommendation, find_baseline, recommend, trial_limit
 
     rec = recommend(repo, settings, optuna_study)
     if rec is None:
