@@ -7,12 +7,12 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from tuner.hardware import HardwareInfo
+from tuner.scoring import Boundary
 from tuner.traces.selection import TraceSelection
 
 if TYPE_CHECKING:
     from tuner.storage import StoredTrial, StudySettings
     from tuner.workers.measure import Measurement
-    from tuner.scoring import Boundary
     from tuner.study.recommendation import Recommendation
 
 
@@ -80,8 +80,6 @@ class RecommendationContext:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RecommendationContext:
         """The context `to_dict` gave (the words are made again from the figures)."""
-        from tuner.scoring import Boundary
-
         trace = data["trace"]
         return cls(Boundary(**data["boundary"]), HardwareInfo.from_dict(data["hardware"]) if data["hardware"] else None,
                    data["vllm_version"], trace["path"], trace["sha256"], TraceSelection.from_dict(trace["selection"]))
