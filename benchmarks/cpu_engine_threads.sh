@@ -5,7 +5,7 @@
 # named in VARIANTS (default "vllm tuner"):
 #   vllm   as vLLM starts itself: API server, engine core and worker, the worker's OpenMP threads bound by vLLM
 #          (VLLM_ENABLE_V1_MULTIPROCESSING=1 set, so that tuner leaves every thread variable to vLLM);
-#   tuner  as tuner launches a CPU engine (workers/cpu_engine.py): the worker inside the engine core, on half the
+#   tuner  as tuner launches a CPU engine (tuner/workers/cpu_engine.py): the worker inside the engine core, on half the
 #          usable cores (one here), unbound.
 # ROUNDS rounds (default 2), the order of the four runs rotated each round. Prints one line a run: variant, idle or
 # busy, startup s, replay s, capacity req/s, and the reference probe's p50 time per output token in ms.

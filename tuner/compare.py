@@ -20,14 +20,16 @@ from pathlib import Path
 from typing import Any
 
 from tuner.capacity import JudgedProbe, LoadPolicy, capacity_of
-from tuner.describe import capacity_line
 from tuner.errors import TunerError
-from tuner.scoring import Boundary, Capacity, Score, score
+from tuner.models import inspect_model
+from tuner.scoring import Boundary, Capacity, Score, capacity_line, score
 from tuner.traces.records import PREFIX_BLOCK_TOKENS, Trace, Transformation
 from tuner.traces.selection import TraceSelection, fit_trace, load_trace
 from tuner.traces.transforms import scale_rate
 from tuner.workers.engine_config import EngineConfig
 from tuner.workers.measure import Measurement
+from tuner.workers.probes import FixedLoad, LoadPlan
+from tuner.workers.trial import TrialSpec, run_trial
 
 # Dimensions of the trace, each a positive factor applied to the trace as selected (1 = as selected).
 TRACE_DIMENSIONS = {
@@ -205,10 +207,6 @@ def run_compare(*, model: Path, trace_path: Path, selection: TraceSelection, var
     """One real trial per value, one after another; each engine is stopped before the next starts. With a
     load-search `policy` (and a boundary) each trial searches its capacity, going on below a failing reference
     load, and each run carries its judged probes and capacity; without one, each value is replayed once."""
-    from tuner.models import inspect_model
-    from tuner.workers.probes import FixedLoad, LoadPlan
-    from tuner.workers.trial import TrialSpec, run_trial
-
     policy = policy or LoadPolicy.fixed()
     if policy.mode == "search" and boundary is None:
         raise ValueError("a load search needs a boundary to judge its probes against")

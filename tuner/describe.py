@@ -6,14 +6,13 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from tuner.diagnosis import EngineCaps, LimitingResource, limiting_resource
 from tuner.hardware import HardwareInfo
+from tuner.scoring import Boundary
 from tuner.traces.selection import TraceSelection
 
 if TYPE_CHECKING:
     from tuner.storage import StoredTrial, StudySettings
     from tuner.workers.measure import Measurement
-    from tuner.scoring import Boundary, Capacity
     from tuner.study.recommendation import Recommendation
 
 
@@ -37,21 +36,6 @@ def boundary_line(b: Boundary) -> str:
     if b.makespan_factor is not None:
         parts.append(f"makespan <= {b.makespan_factor:g} x span + {b.makespan_grace_s:g} s")
     return f"{b.name} ({', '.join(parts)})"
-
-
-def capacity_line(capacity: Capacity) -> str | None:
-    """The load a capacity stands for, `3.4 req/s (x1.7 the trace's rate)`; None when no probe passed."""
-    if capacity.rps is None:
-        return None
-    scale = f" (x{capacity.rate_scale:.3g} the trace's rate)" if capacity.rate_scale is not None else ""
-    return f"{capacity.rps:.3g} req/s{scale}"
-
-
-def trial_limit(t: StoredTrial, bound: Boundary) -> LimitingResource | None:
-    """What holds a stored trial back: at its edge probe after a load search, else at its one measurement; None
-    when it measured nothing."""
-    return limiting_resource(t.probes, t.measurement, EngineCaps.of(t.engine_config.to_dict(), t.hardware),
-                             bound=bound)
 
 
 def throughput_line(completed_rps: float, e2e_p95_s: float, capacity_rps: float | None = None,
@@ -96,8 +80,6 @@ class RecommendationContext:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RecommendationContext:
         """The context `to_dict` gave (the words are made again from the figures)."""
-        from tuner.scoring import Boundary
-
         trace = data["trace"]
         return cls(Boundary(**data["boundary"]), HardwareInfo.from_dict(data["hardware"]) if data["hardware"] else None,
                    data["vllm_version"], trace["path"], trace["sha256"], TraceSelection.from_dict(trace["selection"]))

@@ -99,6 +99,7 @@ def read_model_memory(path: str | Path) -> ModelMemory:
     if not (folder / "config.json").is_file():
         raise TunerError(f"{folder}: not a model folder (no config.json)")
     # Imported here: transformers takes seconds to import and most commands never need it.
+    # lazy: keeps the CLI's start fast (transformers)
     from transformers import AutoConfig
     from transformers.utils import logging as transformers_logging
 

@@ -13,7 +13,9 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from tuner.console import err
 from tuner.errors import TunerError
+from tuner.paths import default_tiny_model
 
 TINY_VOCAB = 1024
 TINY_MAX_POSITIONS = 4096
@@ -94,9 +96,6 @@ def _tokenizer_corpus(lines: int = 4000, seed: int = 0) -> list[str]:
 
 def default_model() -> Path:
     """The model used when none is named: the tiny one, written on first use (a few seconds)."""
-    from tuner.console import err
-    from tuner.paths import default_tiny_model
-
     folder = default_tiny_model()
     if not (folder / "config.json").is_file():
         with err.status(f"writing the tiny model to {folder}"):
@@ -107,6 +106,7 @@ def default_model() -> Path:
 def write_tiny_model(folder: str | Path, seed: int = 0) -> Path:
     """A Llama-architecture model with random weights and a byte-level BPE tokenizer trained here (~5 MB)."""
     # Imported here: torch and transformers take seconds to import and most commands never need them.
+    # lazy: keeps the CLI's start fast (torch, transformers)
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast

@@ -17,6 +17,15 @@ def default_tiny_model() -> Path:
     return tuner_home() / "models" / "tiny"
 
 
+def shipped_root() -> Path:
+    """The folder under which the files tuner ships but imports by no name lie at their repository paths:
+    `search_spaces/` (the bundled spaces, schema.json) and `storage/migrations/`."""
+    package = Path(__file__).resolve().parent
+    # A wheel holds them inside the package (setup.py); a checkout, installed editable or on PYTHONPATH, in the
+    # repository's top-level folders beside it.
+    return package if (package / "storage" / "migrations").is_dir() else package.parent
+
+
 def bundled_trace() -> Path:
     """The first 1,000 requests of the Azure 2023 conversation trace (CC-BY 4.0, see ATTRIBUTION.md beside it)."""
     return Path(str(resources.files("tuner") / "data" / "traces" / "azure_conv_2023_first1000.csv"))

@@ -155,6 +155,14 @@ class Capacity:
         return cls(**data)
 
 
+def capacity_line(capacity: Capacity) -> str | None:
+    """The load a capacity stands for, `3.4 req/s (x1.7 the trace's rate)`; None when no probe passed."""
+    if capacity.rps is None:
+        return None
+    scale = f" (x{capacity.rate_scale:.3g} the trace's rate)" if capacity.rate_scale is not None else ""
+    return f"{capacity.rps:.3g} req/s{scale}"
+
+
 @dataclass(frozen=True)
 class Score:
     """How a trial that served did: its objectives, and its distance to each limit of the boundary."""

@@ -12,7 +12,6 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Annotated, Literal, Optional, Union
 
 from fastapi import Depends, FastAPI, HTTPException, Query, Request
@@ -20,36 +19,24 @@ from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, Field
 
+from tuner.durations import parse_duration
 from tuner.errors import NotFound, TunerError
+from tuner.replicas import HOURS
 from tuner.runs import RunBook, RunRecord
 from tuner.schedules import ScheduleBook
 from tuner.storage import TrialState, ValidationMark
 from tuner.studies import (Answer, CapacityAnswer, Enqueued, JsonObject, LocalStudies, NoRecommendation, Number,
-                           PlanAnswer, RecommendationAnswer, ReportAnswer, ScoreAnswer, StatedContext, StudyCreated,
-                           StudyListing, SpendAnswer, StudyRequest, StudyStatus)
+                           PlanAnswer, RecommendationAnswer, ReportAnswer, ScoreAnswer, SpendAnswer, StatedContext,
+                           StudyCreated, StudyListing, StudyRequest, StudyStatus)
+from tuner.study.capacity_plan import PlanOptions
+from tuner.study.plan import StoragePlan
 from tuner.supervisor import STOP_GRACE_S, RunState
 
-TOKEN_ENV = "TUNER_API_TOKEN"
-TOKEN_FILE_ENV = "TUNER_API_TOKEN_FILE"
 APP_NAME = "tuner"
 BEARER = HTTPBearer(auto_error=False)
 # How long the replica may take to stop: its runs' stop wait (they stop together), then their kill and the
 # replica's own exit. Serve kills the replica after this (a run still going then gets SIGTERM as it dies).
 SHUTDOWN_TIMEOUT_S = STOP_GRACE_S + 30
-
-
-def read_token(token_file: Path | None) -> str | None:
-    """The bearer token: from the file if one is given (or named by TUNER_API_TOKEN_FILE), else TUNER_API_TOKEN."""
-    token_file = token_file or (Path(os.environ[TOKEN_FILE_ENV]) if os.environ.get(TOKEN_FILE_ENV) else None)
-    if token_file is not None:
-        try:
-            token = token_file.read_text().strip()
-        except OSError as exc:
-            raise TunerError(f"cannot read the token file {token_file}: {exc.strerror}") from None
-        if not token:
-            raise TunerError(f"the token file {token_file} is empty")
-        return token
-    return os.environ.get(TOKEN_ENV) or None
 
 
 @dataclass(frozen=True)
@@ -346,9 +333,6 @@ def build_api(studies: LocalStudies, runs: RunBook, schedules: ScheduleBook, tok
                    rates: Annotated[Optional[list[float]], Query(description="24 rates, req/s, hour 0 to 23")] = None,
                    gpu_hour_cost: Annotated[Optional[float], Query(description="US dollars per GPU-hour")] = None,
                    headroom: float = 0.8, day: bool = False) -> PlanAnswer:
-        from tuner.replicas import HOURS
-        from tuner.study.capacity_plan import PlanOptions
-
         if rates is not None and len(rates) != HOURS:
             raise TunerError(f"rates: a day needs 24 rates, hour 0 to 23; got {len(rates)}")
         return studies.capacity_plan(name, PlanOptions(peak, peak_window_s, scale, tuple(rates) if rates else None,
@@ -396,8 +380,6 @@ def build_api(studies: LocalStudies, runs: RunBook, schedules: ScheduleBook, tok
     @api.post("/schedules", tags=["schedules"], status_code=201, dependencies=guarded,
               response_model_exclude_unset=True)
     def add_schedule(request: ScheduleRequest) -> ScheduleAnswer:
-        from tuner.durations import parse_duration
-
         return schedules.add(request.name, study=request.study, cron=request.cron,
                              window_s=parse_duration(request.window), trials=request.trials).to_dict()
 
@@ -426,6 +408,7 @@ def build_api(studies: LocalStudies, runs: RunBook, schedules: ScheduleBook, tok
 
 def _service_deployment():
     """The Serve deployment, built on demand so that importing this module does not import Ray Serve."""
+    # lazy: Ray Serve loads only to host the service; importing its API (`build_api`) does not load it
     from ray import serve
 
     @serve.deployment(name="tuner-api", num_replicas=1, ray_actor_options={"num_cpus": 0},
@@ -436,11 +419,7 @@ def _service_deployment():
         """One replica: it holds the runs it started, so there is exactly one."""
 
         def __init__(self, config: ServiceConfig):
-            import ray
-
-            from tuner.runs import RunBook
-            from tuner.schedules import ScheduleBook
-            from tuner.study.plan import StoragePlan
+            import ray  # lazy, as Ray Serve above
 
             self.plan = StoragePlan.resolve(config.storage, config.artifacts)
             # Runs, whether started by a request or a schedule, join the service's cluster.
@@ -468,6 +447,7 @@ def host_service(config: ServiceConfig, host: str, port: int, stop: threading.Ev
     """Host the service on Ray Serve at host:port (joining config.ray_address, else starting a local Ray) until
     `stop` is set; `on_ready` is called once it answers, `on_stopping` as it begins to stop. On the way out its
     runs are stopped (given SHUTDOWN_TIMEOUT_S) before Ray is shut down, whatever ended it."""
+    # lazy: Ray loads only to host the service; importing its API (`build_api`, as its tests do) does not load it
     import ray
     from ray import serve
 

@@ -9,6 +9,7 @@ from urllib.parse import quote
 
 import httpx
 
+from tuner.api_token import read_token
 from tuner.errors import NotFound, TunerError
 from tuner.runs import RunRecord
 from tuner.studies import (Enqueued, NoRecommendation, PlanAnswer, RecommendationAnswer, ReportAnswer, StudyCreated,
@@ -135,8 +136,6 @@ def _quote(segment: str) -> str:
 
 
 def remote_studies(server: str, token_file: Path | None) -> RemoteStudies:
-    """The study answers of the service at `server`, sent with the API token that `tuner.service.read_token` finds (the
-    file, else TUNER_API_TOKEN); TunerError if a token file cannot be read or is empty."""
-    from tuner.service import read_token
-
+    """The study answers of the service at `server`, sent with the API token that `read_token` finds (the file, else
+    TUNER_API_TOKEN); TunerError if a token file cannot be read or is empty."""
     return RemoteStudies(ServiceClient(server, read_token(token_file)))

@@ -10,13 +10,25 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Optional, Protocol, Union
 
+from optuna.trial import TrialState
 from pydantic import BaseModel, ConfigDict, Field
 
+from tuner.capacity import LoadPolicy
 from tuner.describe import RecommendationContext, baseline_dict, recommendation_dict
 from tuner.errors import TunerError
 from tuner.kv_budget import ModelMemory
+from tuner.models import default_model
+from tuner.paths import bundled_trace
+from tuner.scoring import boundary, parse_limits
+from tuner.storage import StoredTrial
 from tuner.storage.spend import GpuTime, Spend
+from tuner.storage.urls import redact_url
+from tuner.study.capacity_plan import CAPACITY_PLAN_ATTR, plan_capacity
+from tuner.study.plan import load_optuna_study
+from tuner.study.recommendation import find_baseline, recommend, trial_limit
 from tuner.traces.records import TraceFit
+from tuner.traces.selection import TraceSelection
+from tuner.workers.engine_config import EngineConfig
 
 if TYPE_CHECKING:
     from tuner.storage import ValidationMark
@@ -692,19 +704,12 @@ class LocalStudies:
         self.plan = plan
 
     def _open(self, name: str):
-        from tuner.study.plan import load_optuna_study
-
         repo = self.plan.repository()
         return repo, repo.get_study(name), load_optuna_study(name, self.plan)
 
     def create(self, request: StudyRequest) -> StudyCreated:
         """`Studies.create` on this process's storage; the storage URL it answers has its password redacted."""
-        from tuner.storage.urls import redact_url
-        from tuner.models import default_model
-        from tuner.traces.selection import TraceSelection
-        from tuner.paths import bundled_trace
-        from tuner.scoring import parse_limits
-        from tuner.capacity import LoadPolicy
+        # lazy: keeps the CLI's start fast (the search spaces' models, YAML)
         from tuner.study.create import create_study, latest_trace, study_defaults
         from tuner.study.warm_start import warm_start
 
@@ -746,13 +751,6 @@ class LocalStudies:
 
     def status(self, name: str) -> StudyStatus:
         """`Studies.status` from this process's storage."""
-        from optuna.trial import TrialState
-
-        from tuner.describe import trial_limit
-        from tuner.scoring import boundary
-        from tuner.storage import StoredTrial
-        from tuner.study.recommendation import find_baseline, recommend
-
         repo, settings, study = self._open(name)
         stored = repo.trials(name)
         base = find_baseline(stored, study)
@@ -782,8 +780,6 @@ class LocalStudies:
 
     def best(self, name: str) -> RecommendationAnswer:
         """`Studies.best` from this process's storage."""
-        from tuner.study.recommendation import recommend
-
         repo, settings, study = self._open(name)
         rec = recommend(repo, settings, study)
         if rec is None:
@@ -793,8 +789,8 @@ class LocalStudies:
 
     def enqueue(self, name: str, assignments: list[str]) -> Enqueued:
         """`Studies.enqueue` into this process's storage."""
+        # lazy: keeps the CLI's start fast (the search spaces' models, YAML)
         from tuner.study.create import enqueue_config
-        from tuner.workers.engine_config import EngineConfig
 
         config = EngineConfig.from_assignments(assignments)
         enqueue_config(name, self.plan, config)
@@ -802,8 +798,6 @@ class LocalStudies:
 
     def export(self, name: str, format: str, requests: bool) -> str:
         """`Studies.export` from this process's storage."""
-        from tuner.study.recommendation import recommend
-
         if format not in EXPORT_FORMATS:
             raise TunerError(f"--format must be json or csv, got {format!r}")
         repo, settings, study = self._open(name)
@@ -841,8 +835,6 @@ class LocalStudies:
     def capacity_plan(self, name: str, options: PlanOptions) -> PlanAnswer:
         """`Studies.capacity_plan` from this process's storage; the plan's summary is kept in the study's user
         attributes (CAPACITY_PLAN_ATTR), where the dashboard shows the latest one."""
-        from tuner.study.capacity_plan import CAPACITY_PLAN_ATTR, plan_capacity
-
         repo, settings, study = self._open(name)
         plan = plan_capacity(repo, settings, study, options)
         study.set_user_attr(CAPACITY_PLAN_ATTR, plan.summary())
@@ -850,6 +842,7 @@ class LocalStudies:
 
     def report(self, name: str) -> ReportAnswer:
         """The report's text parts and its summary; `report_html` is the page with the plots."""
+        # lazy: keeps the CLI's start fast (Jinja2)
         from tuner.report import collect_report, common_settings, recommendation_lines, side_by_side, summary, \
             trial_rows
 
@@ -864,6 +857,7 @@ class LocalStudies:
 
     def report_html(self, name: str) -> str:
         """`Studies.report_html` from this process's storage and artifacts."""
+        # lazy: keeps the CLI's start fast (Jinja2)
         from tuner.report import collect_report, render_html
 
         return render_html(collect_report(name, self.plan))

@@ -142,6 +142,7 @@ def gain_interval(values: Sequence[float], reference: Sequence[float], resolutio
     load above a capacity failed): a search whose probes ran out before its precision leaves the capacity
     anywhere in its bracket, so the gain's low end takes the reference's bracket (down to 0 for an open one) and
     its high end the compared side's (up to infinity)."""
+    # lazy: keeps the CLI's start fast (SciPy)
     from scipy import stats
 
     if min(len(values), len(reference)) < 2 or min(*values, *reference) <= 0:
@@ -173,6 +174,7 @@ def capacity_interval(values: Sequence[float], resolution: float = 0.0, bracket:
     its t-interval on the logs, the one way this module computes intervals (`gain_interval`), widened where
     narrower to the load search's `resolution` below and to `max(resolution, bracket)` above (`ArmResult.bracket`:
     the capacity may lie anywhere below the first load that failed)."""
+    # lazy: keeps the CLI's start fast (SciPy)
     from scipy import stats
 
     if len(values) < 2 or min(values) <= 0:

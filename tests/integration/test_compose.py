@@ -1,6 +1,6 @@
-"""The team deployment (docker-compose.yml, .env.example, Dockerfile): valid against the Compose Specification,
-every service health-checked, every command it runs one this package (or Ray, or PostgreSQL) really has, and
-the health checks themselves run here against the real programs. No Docker engine runs here."""
+"""The team deployment (docker-compose.yml, .env.example, workers/Dockerfile): valid against the Compose
+Specification, every service health-checked, every command it runs one this package (or Ray, or PostgreSQL)
+really has, and the health checks themselves run here against the real programs. No Docker engine runs here."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ from tuner.workers.launch import free_port
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE = REPO / "docker-compose.yml"
 ENV_EXAMPLE = REPO / ".env.example"
-DOCKERFILE = REPO / "Dockerfile"
+DOCKERFILE = REPO / "workers" / "Dockerfile"
 SCHEMA = Path(__file__).resolve().parents[1] / "data" / "compose-spec.json"
 SECRETS = ("POSTGRES_PASSWORD", "TUNER_API_TOKEN", "RAY_AUTH_TOKEN")
 
@@ -316,18 +316,19 @@ def test_a_misspelt_option_value_or_subcommand_is_caught() -> None:
 
 
 def test_the_dockerfile_copies_every_package_and_builds_on_the_same_vllm_image(compose, env) -> None:
+    build = compose["x-tuner-image"]["build"]
+    assert REPO / build["context"] / build["dockerfile"] == DOCKERFILE
     text = DOCKERFILE.read_text()
     copied = [p for line in re.findall(r"^COPY (.+) \S+$", text, re.M) for p in line.split()]
     for path in copied:
         assert (REPO / path).exists(), path
     packages = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
     assert packages == ["tuner", "tuner.*"]
-    # The tuner package and the top-level folders its links install as tuner.storage, tuner.workers, ...
-    linked = {link.readlink().name for link in (REPO / "tuner").iterdir() if link.is_symlink()}
-    assert linked == {"storage", "workers", "search_spaces"} and {"tuner", *linked} <= set(copied)
-    assert "pyproject.toml" in copied and "README.md" in copied  # the build reads both
+    # The tuner package and the top-level folders of its package data (setup.py's DATA_FOLDERS).
+    assert {"tuner", "storage", "search_spaces"} <= set(copied)
+    assert {"pyproject.toml", "setup.py", "README.md"} <= set(copied)  # the build reads them
     default = re.search(r"^ARG VLLM_IMAGE=(\S+)$", text, re.M)[1]
-    assert default == env["VLLM_IMAGE"] == compose["x-tuner-image"]["build"]["args"]["VLLM_IMAGE"]
+    assert default == env["VLLM_IMAGE"] == build["args"]["VLLM_IMAGE"]
     assert default.startswith("vllm/vllm-openai:")
     assert re.search(r"^ENTRYPOINT \[\]$", text, re.M)  # the base image's is `vllm serve`
 

@@ -1,4 +1,4 @@
-"""storage/: tuner's tables beside Optuna's in one real database, migrations, records and artifacts; every test
+"""tuner/storage/: tuner's tables beside Optuna's in one real database, migrations, records and artifacts; every test
 that takes `url` runs on a SQLite file and on a PostgreSQL database of its own."""
 
 from __future__ import annotations

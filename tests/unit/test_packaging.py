@@ -1,5 +1,5 @@
-"""What an install puts into site-packages: the tuner package alone, with the design's top-level folders inside
-it as tuner.storage, tuner.workers and tuner.search_spaces, and the data files they read."""
+"""What an install puts into site-packages: the tuner package alone, with the data files it reads, those of the
+repository's top-level folders search_spaces/ and storage/ included."""
 
 import subprocess
 import sys

@@ -11,6 +11,7 @@ from rich.table import Table
 
 from tuner.cli.options import JsonOption
 from tuner.console import out, print_json
+from tuner.models import inspect_model, shipped_architectures, write_architecture, write_tiny_model
 
 model_app = typer.Typer(help="Models that need no download.", no_args_is_help=True)
 
@@ -19,8 +20,6 @@ model_app = typer.Typer(help="Models that need no download.", no_args_is_help=Tr
 def model_tiny(folder: Annotated[Path, typer.Argument(help="Where to write the model.")],
                seed: Annotated[int, typer.Option(help="Seed of the random weights and tokenizer corpus.")] = 0) -> None:
     """Write a tiny Llama-architecture model with random weights and a locally trained tokenizer."""
-    from tuner.models import write_tiny_model
-
     with out.status("writing tiny model"):
         write_tiny_model(folder, seed)
     out.print(f"tiny model written to {folder}")
@@ -30,8 +29,6 @@ def model_tiny(folder: Annotated[Path, typer.Argument(help="Where to write the m
 def model_arch(name: Annotated[str, typer.Argument(help="A shipped architecture, see `tuner model list`.")],
                folder: Annotated[Path, typer.Argument(help="Where to write its config.json.")]) -> None:
     """Write a config-only real architecture, served with --load-format dummy (random weights, real shape)."""
-    from tuner.models import write_architecture
-
     write_architecture(name, folder)
     out.print(f"{name} config written to {folder} (served with --load-format dummy)")
 
@@ -39,8 +36,6 @@ def model_arch(name: Annotated[str, typer.Argument(help="A shipped architecture,
 @model_app.command("list")
 def model_list(as_json: JsonOption = False) -> None:
     """The config-only architectures that ship with tuner."""
-    from tuner.models import inspect_model, shipped_architectures, write_architecture
-
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in shipped_architectures():

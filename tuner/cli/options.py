@@ -8,10 +8,12 @@ from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
+from tuner.capacity import LoadPolicy
+from tuner.study.plan import StoragePlan
+from tuner.traces.selection import TraceSelection
+
 if TYPE_CHECKING:
-    from tuner.capacity import LoadPolicy
     from tuner.studies import Studies
-    from tuner.traces.selection import TraceSelection
 
 # --- where studies live -----------------------------------------------------------------------------------
 
@@ -89,24 +91,18 @@ ProbeSecondsOption = Annotated[float, typer.Option(help="...and until its arriva
 def load_policy(load: str, precision: float, probe_budget: int, load_range: str | None,
                 probe_requests: int, probe_seconds: float) -> LoadPolicy:
     """The load policy the load options ask for (TunerError for a value out of range)."""
-    from tuner.capacity import LoadPolicy
-
     return LoadPolicy.from_options(load, precision, probe_budget, load_range, probe_requests, probe_seconds)
 
 
 def trace_selection(window: str | None, max_requests: int | None, rate_scale: float | None,
                     fit: str | None, spread: bool = False) -> TraceSelection:
     """The selection the trace-selection options ask for (TunerError for a malformed one)."""
-    from tuner.traces.selection import TraceSelection
-
     return TraceSelection.from_options(window, max_requests, rate_scale, fit, spread)
 
 
 def storage_plan(storage: str | None, artifacts: Path | None, **kwargs):
     """The storage plan that --storage and --artifacts name (their defaults when left out); `kwargs` go to
     StoragePlan.resolve."""
-    from tuner.study.plan import StoragePlan
-
     return StoragePlan.resolve(storage, artifacts, **kwargs)
 
 
@@ -114,6 +110,7 @@ def study_answers(server: str | None, token_file: Path | None, storage: str | No
                   artifacts: Path | None) -> Studies:
     """The study answers: asked of the service at `server`, or read from the storage here."""
     if server:
+        # lazy: keeps the CLI's start fast (the answers' pydantic models)
         from tuner.service_client import remote_studies
 
         return remote_studies(server, token_file)

@@ -10,14 +10,15 @@ from typing import TYPE_CHECKING
 from rich.table import Table
 from rich.text import Text
 
+from tuner.capacity import JudgedProbe
 from tuner.console import fmt, out
-from tuner.describe import capacity_line, context_line, throughput_line
+from tuner.describe import context_line, throughput_line
 from tuner.durations import format_duration
+from tuner.replicas import MeasuredCapacity, ReplicaCount
+from tuner.scoring import Score, capacity_line
 from tuner.study.recommendation import capacity_sentence, gain_sentence
 
 if TYPE_CHECKING:
-    from tuner.capacity import JudgedProbe
-    from tuner.replicas import MeasuredCapacity
     from tuner.scoring import Capacity
     from tuner.studies import (BaselineAnswer, BestSoFar, LimitingResourceAnswer, MeasuredCapacityAnswer, PlanAnswer,
                                ProbeLengthAnswer, RecommendationAnswer, ReplicaCountAnswer, ReportAnswer,
@@ -143,8 +144,6 @@ def ladder_capacity_line(capacity: Capacity) -> str:
 def report_trial_line(r: TrialRowAnswer) -> str:
     """One of the report's trial rows in one line: `  trial 2 (recommended): complete, 16/16 at 1.7 req/s, ...
     | settings | why`."""
-    from tuner.capacity import JudgedProbe  # at call time: the CLI starts without the scoring stack
-
     head = f"  trial {r.trial}" + (f" (attempt {r.attempt})" if r.attempt > 1 else "")
     head += f" ({', '.join(r.roles)})" if r.roles else ""
     what = r.state + (f" [{r.failure_class}]" if r.failure_class else "")
@@ -168,7 +167,7 @@ def report_trial_line(r: TrialRowAnswer) -> str:
 def print_recommendation(rec: RecommendationAnswer) -> None:
     """The recommended `vllm serve` command with its boundary, machine, vLLM, trace and measurement, then the
     gain sentence."""
-    from tuner.scoring import Score
+    # lazy: keeps the CLI's start fast (the answers' pydantic models)
     from tuner.studies import ScoreAnswer
 
     # The recommendation's records, as stored: the answer carries them in their stored shapes.
@@ -222,14 +221,10 @@ def print_report_lines(view: ReportAnswer) -> None:
 
 
 def _capacity(c: MeasuredCapacityAnswer) -> MeasuredCapacity:
-    from tuner.replicas import MeasuredCapacity
-
     return MeasuredCapacity(c.rps, c.low, c.high if c.high is not None else float("inf"), c.launches)
 
 
 def _replicas(r: ReplicaCountAnswer) -> str:
-    from tuner.replicas import ReplicaCount
-
     return ReplicaCount(r.low, r.high).text()
 
 

@@ -6,13 +6,11 @@ import json
 from dataclasses import asdict
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 from rich.table import Table
 from rich.text import Text
-
-from typing import TYPE_CHECKING
 
 from tuner.cli.options import (ArtifactsOption, BoundaryOption, CapOption, EngineArgOption, FitOption, FormatOption,
                                JsonOption, LimitOption, LoadOption, LoadRangeOption, PrecisionOption,
@@ -24,6 +22,11 @@ from tuner.cli.present import ladder_capacity_line, print_probe_ladder, print_re
 from tuner.console import err, fmt, out, print_json, progress_bar
 from tuner.describe import boundary_line
 from tuner.errors import TunerError
+from tuner.models import default_model
+from tuner.paths import bundled_trace
+from tuner.scoring import capacity_line, parse_limits
+from tuner.scoring import boundary as make_boundary
+from tuner.workers.engine_config import EngineConfig
 
 if TYPE_CHECKING:
     from tuner.compare import CompareResult, CompareRun
@@ -81,7 +84,6 @@ def study_report(
 def _compare_rows(result: CompareResult) -> list[tuple[str | Text, list]]:
     """(what, one cell per value) rows of the side-by-side table: after a load search, each value's capacity
     first, then what its probe at the reference load measured."""
-    from tuner.describe import capacity_line
 
     def cells(fn) -> list[str]:
         out = []
@@ -164,12 +166,8 @@ def compare(
     passes the boundary; its probe ladder is printed and the verdict says which value carries more (about the
     same within the search's precision). With --load fixed each value is replayed once and the verdict says what
     the change did to preemptions, completed requests, total response time and queue time."""
+    # lazy: keeps the CLI's start fast (tuner.compare: ~8 ms)
     from tuner.compare import parse_vary, run_compare
-    from tuner.models import default_model
-    from tuner.paths import bundled_trace
-    from tuner.scoring import boundary as make_boundary
-    from tuner.scoring import parse_limits
-    from tuner.workers.engine_config import EngineConfig
 
     base = EngineConfig.from_assignments(set_)
     variation = parse_vary(vary, base, spread)

@@ -18,6 +18,7 @@ from tuner.cli.options import (ArtifactsOption, JsonOption, PairingOption, RayAd
                                ServerOption, StorageOption, StudyArgument, TokenFileOption, TopOption, storage_plan)
 from tuner.cli.present import summary_line
 from tuner.console import err, out, print_json, progress_bar
+from tuner.durations import parse_duration
 from tuner.errors import TunerError
 from tuner.validation import DEFAULT_REPEATS, DEFAULT_TOP
 
@@ -150,7 +151,6 @@ def study_run(
         if typed:
             raise typer.BadParameter(f"{', '.join(typed)} cannot be used with --server: the service's runs use its "
                                      f"own Ray cluster and settings")
-    from tuner.durations import parse_duration
 
     stop_at = window_s = None
     if window is not None:
@@ -231,6 +231,7 @@ def _stop_on_signals(stop_run: Callable[[str], None], signalled: list[str]) -> d
 
 def _run_here(settings: RunSettings, shown: RunProgress, *, against_itself: bool = False) -> RunReport:
     """Run the trials on Ray workers from this process, then the validation if asked."""
+    # lazy: keeps the CLI's start fast (Ray; and the run's own modules, budget and events: ~10 ms)
     from tuner.study.budget import RunBudget
     from tuner.study.events import (BUDGET_KEPT, BUDGET_SPENT, BudgetPlanned, LoggedEvent, PoolReady, RunReport,
                                     TrialDone, TrialStarted, event_line)
@@ -303,6 +304,7 @@ def _run_here(settings: RunSettings, shown: RunProgress, *, against_itself: bool
 def _run_on_service(settings: RunSettings, shown: RunProgress) -> RunReport:
     """Start the run on the service and follow it. SIGINT or SIGTERM here stops it there, as a local run stops,
     and it is followed until it has (a second one stops following at once)."""
+    # lazy: keeps the CLI's start fast (the answers' pydantic models; tuner.supervisor: ~10 ms)
     from tuner.service_client import remote_studies
     from tuner.supervisor import RunState
 

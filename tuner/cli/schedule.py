@@ -10,6 +10,8 @@ from rich.table import Table
 
 from tuner.cli.options import ArtifactsOption, JsonOption, StorageOption, storage_plan
 from tuner.console import err, out, print_json
+from tuner.durations import parse_duration
+from tuner.storage.urls import redact_url
 
 schedule_app = typer.Typer(help="Schedules: a study resumed at set times for a set window (say every night at "
                                 "01:00 for 5 hours), each run ending with a morning summary.",
@@ -18,6 +20,7 @@ NameArgument = Annotated[str, typer.Argument(help="The schedule.")]
 
 
 def _book(storage: str | None, artifacts, **kwargs):
+    # lazy: keeps the CLI's start fast (APScheduler)
     from tuner.schedules import ScheduleBook
 
     return ScheduleBook(storage_plan(storage, artifacts), **kwargs)
@@ -43,8 +46,6 @@ def schedule_add(
     storage: StorageOption = None, artifacts: ArtifactsOption = None, as_json: JsonOption = False,
 ) -> None:
     """Add a schedule; the process hosting the schedules (`tuner serve` or `tuner schedule host`) runs it."""
-    from tuner.durations import parse_duration
-
     window_s = parse_duration(window)
     with _book(storage, artifacts) as book:
         schedule = book.add(name, study=study or name, cron=cron, window_s=window_s, trials=trials)
@@ -84,6 +85,7 @@ def schedule_remove(name: NameArgument, storage: StorageOption = None, artifacts
 def schedule_run_now(name: NameArgument, storage: StorageOption = None, artifacts: ArtifactsOption = None) -> None:
     """Make a schedule due now: the process hosting the schedules starts its run within seconds (its regular
     times stay as they were). A run inside one of its windows ends with that window."""
+    # lazy: keeps the CLI's start fast (APScheduler)
     from tuner.schedules import POLL_S
 
     with _book(storage, artifacts) as book:
@@ -116,8 +118,8 @@ def schedule_summary(name: NameArgument,
 def schedule_host(storage: StorageOption = None, artifacts: ArtifactsOption = None) -> None:
     """Run the schedules of this database when due, in the foreground, until Ctrl-C (`tuner serve` does the
     same in the service). A run in progress at Ctrl-C is stopped, its trials in flight recorded as stopped."""
+    # lazy: keeps the CLI's start fast (APScheduler)
     from tuner.schedules import RunFinished, RunStarted, ScheduleEvent
-    from tuner.storage.urls import redact_url
 
     def on_event(event: ScheduleEvent) -> None:
         match event:

@@ -12,10 +12,13 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from optuna.artifacts import FileSystemArtifactStore
 
+from tuner.api_token import read_token
 from tuner.cli.options import ArtifactsOption, RayAddressOption, StorageOption, storage_plan
 from tuner.console import err
 from tuner.errors import TunerError
+from tuner.storage.urls import redact_url
 
 # Read by Ray as it is imported: at 0 its node address is loopback, so a local cluster listens on loopback only.
 RAY_LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
@@ -60,8 +63,8 @@ def serve(
         # Else the local Ray cluster would listen on every address, reachable where the service is not.
         os.environ[RAY_LOOPBACK_ENV] = "0"
     os.environ.setdefault(SERVE_PROXY_READY_ENV, SERVE_PROXY_READY_S)
-    from tuner.service import ServiceConfig, host_service, read_token
-    from tuner.storage.urls import redact_url
+    # lazy: keeps the CLI's start fast (FastAPI, Ray Serve) and loads Ray only once the environment above is set
+    from tuner.service import ServiceConfig, host_service
 
     token = read_token(token_file)
     if token is None and not loopback:
@@ -91,10 +94,8 @@ def dashboard(storage: StorageOption = None, artifacts: ArtifactsOption = None,
               host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
               port: Annotated[int, typer.Option(help="Port.")] = 8080) -> None:
     """Start optuna-dashboard on the same storage and artifact store."""
-    from optuna.artifacts import FileSystemArtifactStore
+    # lazy: keeps the CLI's start fast (optuna-dashboard)
     from optuna_dashboard import run_server
-
-    from tuner.storage.urls import redact_url
 
     plan = storage_plan(storage, artifacts)
     plan.repository()  # a clear error now if the database cannot be reached

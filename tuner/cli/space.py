@@ -12,6 +12,11 @@ from tuner.cli.options import (CapOption, FitOption, FormatOption, ModelOption, 
                                WindowOption, trace_selection)
 from tuner.console import out, print_json
 from tuner.errors import TunerError
+from tuner.hardware import detect_hardware
+from tuner.kv_budget import DeviceMemory, read_model_memory
+from tuner.models import default_model
+from tuner.paths import bundled_trace
+from tuner.traces.selection import load_trace
 
 space_app = typer.Typer(help="Search spaces.", no_args_is_help=True)
 
@@ -33,12 +38,8 @@ def space_suggest(
 ) -> None:
     """Derive a search space from the model, the GPU (or this machine) and the trace, with the reason for every
     range; `tuner study create --space auto` derives and stores the same."""
+    # lazy: keeps the CLI's start fast (the search spaces' pydantic models, YAML)
     from tuner.search_spaces.derive import derive_space
-    from tuner.hardware import detect_hardware
-    from tuner.kv_budget import DeviceMemory, read_model_memory
-    from tuner.models import default_model
-    from tuner.paths import bundled_trace
-    from tuner.traces.selection import load_trace
 
     if gpu_memory is not None and gpu_memory <= 0:
         raise TunerError(f"--gpu-memory must be above 0 GiB, got {gpu_memory:g}")

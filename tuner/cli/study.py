@@ -16,7 +16,9 @@ from tuner.cli.options import (BOUNDARY_HELP, ArtifactsOption, JsonOption, Limit
 from tuner.cli.present import best_so_far_line, default_line, print_plan, print_recommendation, probe_length_line
 from tuner.cli.run import study_run, study_validate
 from tuner.console import err, out, print_json
+from tuner.durations import parse_duration
 from tuner.errors import TunerError
+from tuner.replicas import read_hourly_rates
 
 study_app = typer.Typer(help="Studies: a search over engine configurations, measured trial by trial.",
                         no_args_is_help=True)
@@ -66,6 +68,7 @@ def study_create(
 ) -> None:
     """Create a study; its first trial will be vLLM's default configuration (the baseline), then any
     configurations carried over from an earlier study (--warm-from, or --trace-latest)."""
+    # lazy: keeps the CLI's start fast (pydantic)
     from pydantic import ValidationError
 
     from tuner.studies import StudyRequest
@@ -159,6 +162,7 @@ def study_best(name: StudyArgument, storage: StorageOption = None,
                token_file: TokenFileOption = None) -> None:
     """The recommended `vllm serve` command, its boundary, the hardware it was measured on, and the gain over
     vLLM's default configuration."""
+    # lazy: keeps the CLI's start fast (the answers' pydantic models)
     from tuner.studies import NoRecommendation
 
     try:
@@ -183,6 +187,7 @@ def study_export(name: StudyArgument,
                  storage: StorageOption = None, artifacts: ArtifactsOption = None, server: ServerOption = None,
                  token_file: TokenFileOption = None) -> None:
     """Every trial with its configuration, measurement, failure and score."""
+    # lazy: keeps the CLI's start fast (the answers' pydantic models)
     from tuner.studies import EXPORT_FORMATS
 
     if format not in EXPORT_FORMATS:
@@ -215,8 +220,7 @@ def study_plan(
 ) -> None:
     """How many replicas of vLLM's default, the recommendation and the best at the model's own precision carry your
     traffic within the boundary: at its peak, hour by hour over a day, and at what cost."""
-    from tuner.durations import parse_duration
-    from tuner.replicas import read_hourly_rates
+    # lazy: keeps the CLI's start fast (tuner.study.capacity_plan: ~10 ms)
     from tuner.study.capacity_plan import PlanOptions
 
     hourly = None

@@ -11,6 +11,8 @@ from rich.table import Table
 from tuner.cli.options import (CapOption, FitOption, FormatOption, JsonOption, RateOption, SpreadOption, WindowOption,
                                trace_selection)
 from tuner.console import out, print_json
+from tuner.traces.selection import TraceSelection, load_trace
+from tuner.traces.stats import trace_stats, typical_reuse_window
 
 trace_app = typer.Typer(help="Recorded request traces.", no_args_is_help=True)
 
@@ -22,9 +24,6 @@ def trace_inspect(file: Annotated[Path, typer.Argument(help="A trace file.")], f
                   max_model_len: Annotated[Optional[int], typer.Option(help="Context to fit lengths to.")] = None,
                   as_json: JsonOption = False) -> None:
     """Count, span, rate, burstiness and length percentiles of a trace (after any selection)."""
-    from tuner.traces.selection import load_trace
-    from tuner.traces.stats import trace_stats
-
     trace = load_trace(file, trace_selection(window, max_requests, rate_scale, fit, spread), max_model_len, format)
     stats = trace_stats(trace)
     if as_json:
@@ -51,9 +50,6 @@ def trace_window(file: Annotated[Path, typer.Argument(help="A trace file with pr
                  format: FormatOption = None, spread: SpreadOption = False, as_json: JsonOption = False) -> None:
     """The window of N requests whose prefix reuse is typical of the trace (the median over every such window),
     and the options that replay it."""
-    from tuner.traces.selection import TraceSelection, load_trace
-    from tuner.traces.stats import typical_reuse_window
-
     # Found on the recorded clock: it starts at a recorded arrival, which --spread leaves in place while it moves
     # the rest of that instant's requests after it, so the same options replay the same requests with or without it.
     trace = load_trace(file, TraceSelection(), format=format)

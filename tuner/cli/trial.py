@@ -10,6 +10,7 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
+from tuner.capacity import JudgedProbe, capacity_of
 from tuner.cli.options import (BoundaryOption, CapOption, EngineArgOption, FitOption, FormatOption, LimitOption,
                                LoadOption, LoadRangeOption, PrecisionOption, ProbeBudgetOption, ProbeRequestsOption,
                                ProbeSecondsOption, PromptSeedOption, RateOption, ReplayedTraceOption,
@@ -17,6 +18,14 @@ from tuner.cli.options import (BoundaryOption, CapOption, EngineArgOption, FitOp
                                WindowOption, load_policy, trace_selection)
 from tuner.cli.present import print_probe_ladder
 from tuner.console import fmt, out, print_json, progress_bar
+from tuner.diagnosis import EngineCaps, limiting_resource
+from tuner.models import default_model, inspect_model
+from tuner.paths import bundled_trace
+from tuner.scoring import parse_limits
+from tuner.scoring import boundary as named_boundary
+from tuner.traces.selection import load_trace
+from tuner.workers.engine_config import EngineConfig
+from tuner.workers.trial import TrialSpec, run_trial
 
 trial_app = typer.Typer(help="One engine configuration, launched and measured.", no_args_is_help=True)
 
@@ -84,16 +93,6 @@ def trial_run(
     """Launch vLLM with one configuration and replay the trace open-loop against it: at several loads, to find
     the highest that passes the boundary (its capacity), or once at the reference load (--load fixed). Prints
     what users experienced at each."""
-    from tuner.capacity import JudgedProbe, capacity_of
-    from tuner.diagnosis import EngineCaps, limiting_resource
-    from tuner.models import default_model, inspect_model
-    from tuner.paths import bundled_trace
-    from tuner.scoring import boundary as named_boundary
-    from tuner.scoring import parse_limits
-    from tuner.traces.selection import load_trace
-    from tuner.workers.engine_config import EngineConfig
-    from tuner.workers.trial import TrialSpec, run_trial
-
     bound = named_boundary(boundary, parse_limits(limit))
     policy = load_policy(load, precision, probe_budget, load_range, probe_requests, probe_seconds)
     config = EngineConfig.from_assignments(set_)

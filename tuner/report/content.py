@@ -13,14 +13,14 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from tuner.capacity import JudgedProbe
-from tuner.describe import boundary_line, capacity_line, hardware_line, own_dtype, recommendation_dict, trial_limit
+from tuner.describe import boundary_line, hardware_line, own_dtype, recommendation_dict
 from tuner.diagnosis import LimitingResource
 from tuner.report.data import ReportData
-from tuner.scoring import Capacity
+from tuner.scoring import Capacity, capacity_line
 from tuner.storage import StoredTrial, StudySettings, TrialState
 from tuner.storage.spend import GpuTime
 from tuner.traces.records import TraceFit
-from tuner.study.recommendation import as_sentence, capacity_sentence
+from tuner.study.recommendation import as_sentence, capacity_sentence, trial_limit
 from tuner.workers.measure import Measurement
 
 DEFAULT_LABEL = "vLLM default"

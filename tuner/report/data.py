@@ -15,13 +15,18 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import optuna
+from optuna.trial import TrialState, create_trial
+
 from tuner.capacity import capacity_of
+from tuner.errors import TunerError
 from tuner.kv_budget import logged_kv_tokens
 from tuner.scoring import Boundary, Capacity, boundary
 from tuner.storage import Repository, StoredTrial, StudyModel, StudySettings, trial_dir
 from tuner.storage.records import StoredRun
 from tuner.storage.spend import Spend
 # The report reads studies (tuner.study.plan, .recommendation) and never imports the runner, nor Ray with it.
+from tuner.study.capacity_plan import CapacityPlan, PlanOptions, plan_capacity
 from tuner.study.plan import load_optuna_study
 from tuner.study.recommendation import Recommendation, find_baseline, recommend
 from tuner.workers.engine_config import EngineConfig
@@ -29,9 +34,6 @@ from tuner.workers.replay import RequestRecord
 from tuner.workers.server_metrics import TimelineSample
 
 if TYPE_CHECKING:
-    import optuna
-
-    from tuner.study.capacity_plan import CapacityPlan
     from tuner.study.plan import StoragePlan
 
 TIMELINE_FILE = "timeline.csv"  # t_s,running,waiting,kv_usage, sampled every 0.25 s during the replay
@@ -186,9 +188,6 @@ def collect_report(name: str, plan: StoragePlan) -> ReportData:
 def _default_plan(repo: Repository, settings: StudySettings, study: optuna.Study) -> CapacityPlan | None:
     """The plan `tuner study plan` gives with its defaults; None where it cannot be had (nothing measured, the
     trace unreadable here): the report then leaves its plot out."""
-    from tuner.errors import TunerError
-    from tuner.study.capacity_plan import PlanOptions, plan_capacity
-
     try:
         return plan_capacity(repo, settings, study, PlanOptions())
     except TunerError:
@@ -201,8 +200,6 @@ def _default_plan(repo: Repository, settings: StudySettings, study: optuna.Study
 @contextmanager
 def quiet_optuna() -> Iterator[None]:
     """Optuna logs errors only inside the block (its info and warnings are noise in a report)."""
-    import optuna
-
     level = optuna.logging.get_verbosity()
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     try:
@@ -215,9 +212,6 @@ def pareto_study(trials: Sequence[StoredTrial]) -> optuna.Study:
     """An in-memory Optuna study of the scored search trials (numbered as in the real study), so that the
     Pareto front is Optuna's own, and neither launch-less rejections nor validation launches (repeats of
     configurations already on it) stretch the axes or crowd the front."""
-    import optuna
-    from optuna.trial import TrialState, create_trial
-
     with quiet_optuna():
         study = optuna.create_study(directions=["maximize", "minimize"])
     scored = {t.trial_number: t for t in trials if t.scored is not None and t.validation is None}

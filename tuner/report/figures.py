@@ -13,7 +13,10 @@ from dataclasses import dataclass
 from itertools import cycle
 from typing import TYPE_CHECKING
 
+import optuna
+
 from tuner.capacity import JudgedProbe, Verdict
+from tuner.replicas import MeasuredCapacity, replicas_for
 from tuner.report.content import DEFAULT_LABEL
 from tuner.report.data import ReportData, config_text, pareto_study, quiet_optuna
 from tuner.scoring import Boundary, Capacity
@@ -68,7 +71,7 @@ def pareto_figure(data: ReportData) -> Figure | None:
     the boundary's e2e limit drawn, the default and the recommendation marked."""
     if not data.scored:
         return None
-    import optuna
+    # lazy: keeps the CLI's start fast (plotly, for the HTML page only)
     import plotly.graph_objects as go
 
     study = pareto_study(data.trials)
@@ -205,6 +208,7 @@ def load_curve_figure(data: ReportData) -> Figure | None:
     curves = [(t, probes) for t in data.trials if (probes := _drawn_probes(t))]
     if not curves:
         return None
+    # lazy: keeps the CLI's start fast (plotly, for the HTML page only)
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
@@ -269,6 +273,7 @@ def preemption_figure(data: ReportData) -> Figure | None:
     trials = data.measured
     if not trials:
         return None
+    # lazy: keeps the CLI's start fast (plotly, for the HTML page only)
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
@@ -317,6 +322,7 @@ def time_split_figure(data: ReportData) -> Figure | None:
               if t.measurement.queue_s_mean is not None or t.measurement.inference_s_mean is not None]
     if not trials:
         return None
+    # lazy: keeps the CLI's start fast (plotly, for the HTML page only)
     import plotly.graph_objects as go
 
     labels = [_trial_label(data, t) for t in trials]
@@ -344,6 +350,7 @@ def timeline_figure(data: ReportData) -> Figure | None:
     featured = [(role, t) for role, t in data.featured if t.trial_number in data.timelines]
     if not featured:
         return None
+    # lazy: keeps the CLI's start fast (plotly, for the HTML page only)
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
@@ -373,6 +380,7 @@ def output_lengths_figure(data: ReportData) -> Figure | None:
     trials = data.measured
     if not trials:
         return None
+    # lazy: keeps the CLI's start fast (plotly, for the HTML page only)
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
@@ -412,12 +420,11 @@ def replicas_figure(data: ReportData) -> Figure | None:
     """Replicas against traffic: for each planned configuration, the replicas that carry a rate within the boundary at
     the plan's headroom, a step line at its capacity's central value and a band between the ends of its interval;
     the plan's peak marked. None without a plan or a capacity to draw."""
-    from tuner.replicas import MeasuredCapacity, replicas_for
-
     plan = data.capacity_plan
     drawn = [c for c in plan.configurations if c.capacity is not None] if plan is not None else []
     if plan is None or not drawn:
         return None
+    # lazy: keeps the CLI's start fast (plotly, for the HTML page only)
     import plotly.graph_objects as go
 
     peak = plan.traffic.peak.rps

@@ -53,6 +53,7 @@ def _plot_html(fig: Figure | None, key: str) -> Markup | None:
 def render_html(data: ReportData) -> str:
     """The whole page, plotly.js inlined: it needs nothing from the network. Every text from the study is
     escaped by the template; only plotly's own HTML and script go in as they are."""
+    # lazy: keeps the CLI's start fast (plotly)
     from plotly.offline import get_plotlyjs
 
     base, rec = data.baseline, data.recommended

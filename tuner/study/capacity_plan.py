@@ -19,13 +19,17 @@ from tuner.errors import TunerError
 from tuner.replicas import (DEFAULT_HEADROOM, DEFAULT_PEAK_WINDOW_S, LARGEST, DayPlan, MeasuredCapacity, PeakRate,
                             ReplicaCount, busiest_window, check_headroom, check_price, check_rate, day_plan,
                             hourly_rates, replicas_for)
+from tuner.scoring import boundary
+from tuner.study.recommendation import Recommendation, find_baseline, recommend, trial_limit
+from tuner.traces.readers import read_trace
+from tuner.traces.transforms import spread_buckets
+from tuner.validation import capacity_interval
 
 if TYPE_CHECKING:
     import optuna
 
     from tuner.search_spaces.space import SearchSpace
     from tuner.storage import Repository, StoredTrial, StudySettings
-    from tuner.study.recommendation import Recommendation
     from tuner.traces.records import Trace
 
 CAPACITY_PLAN_ATTR = "capacity_plan"  # the Optuna study user attribute the dashboard shows the latest plan's summary in
@@ -148,8 +152,6 @@ def measured_capacity(trial: StoredTrial, recommendation: Recommendation, search
                       ) -> tuple[MeasuredCapacity | None, str]:
     """A configuration's capacity within the boundary and where it comes from: its validation launches' geometric
     mean with a 95% interval (`capacity_interval`), else the search's one measurement, else None and why."""
-    from tuner.validation import capacity_interval
-
     if not searched:
         return None, "the study ran at a fixed load: no capacity was measured"
     validation, base = recommendation.validation, recommendation.baseline
@@ -170,6 +172,7 @@ def measured_capacity(trial: StoredTrial, recommendation: Recommendation, search
 
 def space_highest(space: SearchSpace, setting: str) -> float | None:
     """The highest value the space lets `setting` take (searched or fixed); None where it leaves it to vLLM."""
+    # lazy: keeps the CLI's start fast (the search spaces' pydantic models, YAML)
     from tuner.search_spaces.parameters import CategoricalParameter
 
     if setting in space.fixed:
@@ -214,9 +217,6 @@ def remedy(limit: LimitingResource | None, trial: StoredTrial, space: SearchSpac
 
 
 def _trace_traffic(settings: StudySettings, options: PlanOptions) -> tuple[Traffic, list[str]]:
-    from tuner.traces.readers import read_trace
-    from tuner.traces.transforms import spread_buckets
-
     notes: list[str] = []
     study_scale = settings.trace_selection.rate_scale or 1.0
     scale = options.scale if options.scale is not None else study_scale
@@ -273,9 +273,8 @@ def plan_capacity(repo: Repository, settings: StudySettings, optuna_study: optun
     """The plan for the stored study: vLLM's default, the recommendation and (where that changes the model's
     numerics) the best at its own precision; TunerError while the study has neither a recommendation nor a run of
     the default, or where the traffic cannot be had (an unreadable trace without --peak)."""
-    from tuner.describe import trial_limit
+    # lazy: keeps the CLI's start fast (the search spaces' pydantic models, YAML)
     from tuner.search_spaces.loading import parse_space
-    from tuner.study.recommendation import Recommendation, find_baseline, recommend
 
     rec = recommend(repo, settings, optuna_study)
     if rec is None:
@@ -283,7 +282,6 @@ def plan_capacity(repo: Repository, settings: StudySettings, optuna_study: optun
         if base is None or base.scored is None:
             raise TunerError(f"study {settings.name}: no configuration was measured within the boundary yet; "
                              f"nothing to plan")
-        from tuner.scoring import boundary
 
         rec = Recommendation(base, boundary(settings.boundary, settings.limits), base)
     traffic, notes = _trace_traffic(settings, options)

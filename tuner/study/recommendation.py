@@ -1,21 +1,20 @@
 """A study's answer: the configuration it recommends under its boundary, beside vLLM's default one, and the
-sentence that compares the two. Reading it needs the database only (no Ray, no engine); the records and the
-sentence import nothing heavy, so that the service's answers can carry them."""
+sentence that compares the two. Reading it needs the database only (no Ray, no engine)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
+from tuner.diagnosis import EngineCaps, LimitingResource, limiting_resource
+from tuner.scoring import Boundary, Score, boundary, capacity_line
+from tuner.storage import Repository, StoredTrial, StudySettings, TrialState
 from tuner.study.attrs import BASELINE_ATTR
+from tuner.validation import Validation, latest_validation
 
 if TYPE_CHECKING:
     import optuna
 
-    from tuner.validation import Validation
-
-    from tuner.scoring import Boundary, Score
-    from tuner.storage import Repository, StoredTrial, StudySettings
     from tuner.workers.engine_config import EngineConfig
 
 
@@ -146,8 +145,6 @@ def capacity_sentence(score: Score, reference_rps: float | None) -> str:
     """What a searched configuration carries and what today's traffic gets from it: `carries 8.1 req/s (x5.6 the
     trace's rate) within the boundary; at your traffic (2.9 req/s) p95 end-to-end is 5.8 s`, with the traffic it
     carries whole where its max_model_len clipped some requests."""
-    from tuner.describe import capacity_line
-
     capacity = score.capacity
     assert capacity is not None, "a capacity sentence is for a searched trial"
     traffic = f"at your traffic ({reference_rps:.3g} req/s)" if reference_rps else "at your traffic"
@@ -170,8 +167,6 @@ def validation_terms(settings: StudySettings) -> tuple[bool, float]:
 def find_baseline(trials: list[StoredTrial], optuna_study: optuna.Study) -> StoredTrial | None:
     """vLLM's default configuration as run in the study: its completed run if any, else its first try; None
     when the study has not run it."""
-    from tuner.storage import TrialState
-
     numbers = {t.number for t in optuna_study.get_trials(deepcopy=False) if t.user_attrs.get(BASELINE_ATTR)}
     baselines = [t for t in trials if t.trial_number in numbers and t.validation is None]
     return next((t for t in baselines if t.state is TrialState.COMPLETE), baselines[0] if baselines else None)
@@ -182,8 +177,6 @@ def candidates(trials: list[StoredTrial]) -> list[StoredTrial]:
     feasible ones); when none does, those whose load search found some lower load within it, so that a study on a
     machine too small for your traffic still says which configuration carries the most of it (`shortfall_sentence`
     says that it falls short). Validation launches are never candidates."""
-    from tuner.storage import TrialState
-
     search = [t for t in trials if t.validation is None]
     feasible = [t for t in search if t.feasible]
     if feasible:
@@ -232,8 +225,6 @@ def recommend(repo: Repository, settings: StudySettings, optuna_study: optuna.St
     default beyond noise, else the default. Before any, the candidate search trial (`candidates`) with the highest
     capacity (at a fixed load: completed throughput), near-ties going to the lower p95 latency at the reference
     load. With the study's boundary and its baseline; None while there is no candidate."""
-    from tuner.scoring import boundary
-    from tuner.validation import latest_validation
 
     trials = repo.trials(settings.name)
     baseline = find_baseline(trials, optuna_study)
@@ -281,3 +272,10 @@ def best_trials(repo: Repository, settings: StudySettings, optuna_study: optuna.
         return []
     others = [t for t in candidates(repo.trials(settings.name)) if t.trial_number != rec.trial.trial_number]
     return [rec.trial, *sorted(others, key=lambda t: -t.scored.objectives[0])]
+
+
+def trial_limit(t: StoredTrial, bound: Boundary) -> LimitingResource | None:
+    """What holds a stored trial back: at its edge probe after a load search, else at its one measurement; None
+    when it measured nothing."""
+    return limiting_resource(t.probes, t.measurement, EngineCaps.of(t.engine_config.to_dict(), t.hardware),
+                             bound=bound)

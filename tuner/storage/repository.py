@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
 from alembic import command
@@ -19,11 +18,12 @@ from tuner.storage.records import StoredRun, StoredTrial, StudySettings
 from tuner.storage.schema import Base, RequestRow, RunRow, StudyRow, TraceRow, TrialRow
 from tuner.storage.urls import redact_url
 from tuner.errors import NotFound, TunerError
+from tuner.paths import shipped_root
 from tuner.traces.records import Trace
 from tuner.traces.stats import TraceStats
 from tuner.workers.replay import RequestRecord
 
-MIGRATIONS = Path(__file__).resolve().parent / "migrations"
+MIGRATIONS = shipped_root() / "storage" / "migrations"
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 
 

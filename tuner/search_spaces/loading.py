@@ -3,22 +3,23 @@ into a SearchSpace; any fault is one line naming the file and the key."""
 
 from __future__ import annotations
 
-from importlib import resources
 from pathlib import Path
 
 import yaml
 from pydantic import ValidationError
 
 from tuner.errors import TunerError
+from tuner.paths import shipped_root
 from tuner.search_spaces.file_format import SpaceFile
 from tuner.search_spaces.messages import explained, located
 from tuner.search_spaces.space import SearchSpace
 
+SPACES_FOLDER = shipped_root() / "search_spaces"
+
 
 def shipped_spaces() -> list[str]:
     """Names of the search space files that ship with tuner."""
-    return sorted(entry.name.removesuffix(".yaml") for entry in resources.files("tuner.search_spaces").iterdir()
-                  if entry.name.endswith(".yaml"))
+    return sorted(path.stem for path in SPACES_FOLDER.glob("*.yaml"))
 
 
 def load_space(path_or_name: str | Path) -> SearchSpace:
@@ -26,9 +27,8 @@ def load_space(path_or_name: str | Path) -> SearchSpace:
 
     Any fault is a TunerError of one line naming the file and the key."""
     if isinstance(path_or_name, str) and path_or_name in shipped_spaces():
-        source = resources.files("tuner.search_spaces") / f"{path_or_name}.yaml"
-        path = Path(str(source))
-        text = source.read_text(encoding="utf-8")
+        path = SPACES_FOLDER / f"{path_or_name}.yaml"
+        text = path.read_text(encoding="utf-8")
     else:
         path = Path(path_or_name)
         if not path.is_file():
