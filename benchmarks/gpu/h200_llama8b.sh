@@ -40,7 +40,7 @@ case $phase in budget*) name=${name%-prod}-fp8-budget ;; esac
 # These go on with a study carried from an earlier machine: without it, a tuner command would create an empty
 # database here, and the carried one would then never be unpacked over it.
 case $phase in budget-rest|budget-aa)
-  [ -e "$home/$db" ] || { echo "$phase: no study carried: carry .gpu-state/$tag.tar.gz" >&2; exit 2; } ;;
+  [ -e "$home/$db" ] || { trap - EXIT; echo "$phase: no study carried: carry .gpu-state/$tag.tar.gz" >&2; exit 2; } ;;
 esac
 case $phase in
   study|all)
