@@ -110,12 +110,12 @@ class OneStep:
         return self.plan.next_factor(runs) if len(runs) == self.done else None
 
 
-@functools.cache
 def expected_sleep_s(weight_bytes: int) -> float:
     """How long a level-1 sleep of an engine holding `weight_bytes` of weights is expected to take."""
     return weight_bytes / SLEEP_COPY_BYTES_PER_S
 
 
+@functools.cache
 def sleep_mode_served() -> bool:
     """Whether the installed vLLM's server declares the sleep endpoints (a `"/sleep"` route among its entrypoints),
     read without importing vLLM, as `launch.per_request_metrics_supported` reads its flags."""
