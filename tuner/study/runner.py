@@ -165,30 +165,30 @@ def _like_the_next(repo: Repository, settings: StudySettings, validation: bool,
                                 and other.model == settings.model for t in served(other.name)]
 
 
-def _probing_s(trial: StoredTrial, validation: bool, search: bool) -> float:
-    """What `trial`'s probes (draining and teardown included) tell of the next launch's: for a validation launch
-    judged by a trial that was none (vLLM's default's whole search), the seconds a probe took times the probes a
-    launch that starts at its configuration's capacity takes (`SETTLED_FROM_START`); else its own."""
+def _probing(trial: StoredTrial, validation: bool, search: bool) -> tuple[float, int]:
+    """What `trial`'s probes (draining and teardown included) tell of the next launch's, in seconds and probes: for
+    a validation launch judged by a trial that was none (vLLM's default's whole search), the seconds a probe took
+    times the probes a launch that starts at its configuration's capacity takes (`SETTLED_FROM_START`); else its
+    own."""
     assert trial.timings is not None
     took = trial.timings.replay_s + trial.timings.teardown_s
     if validation and trial.validation is None and search and trial.probes:
-        return took / len(trial.probes) * SETTLED_FROM_START
-    return took
+        return took / len(trial.probes) * SETTLED_FROM_START, SETTLED_FROM_START
+    return took, max(1, len(trial.probes))
 
 
 def _launch_cost(repo: Repository, settings: StudySettings, trace_span_s: float, validation: bool,
                  baselines: frozenset[int] | set[int] = frozenset(), sleep_s: float = 0.0) -> LaunchCost:
-    """The next launch's expected startup and probes: medians over `_like_the_next` (`_probing_s`); before any
+    """The next launch's expected startup and probes: medians over `_like_the_next` (`_probing`); before any
     trial, no startup and the trace's span, which no trial can take less than. `sleep_s`: a paired engine's sleep,
     kept where no launch judged by ran paired (theirs hold their sleeps)."""
     found = _like_the_next(repo, settings, validation, baselines)
     if not found:
         return LaunchCost(0.0, trace_span_s, 1, sleep_s)
-    search = settings.load.mode == "search"
-    by_default = validation and search and all(t.validation is None for t in found)
+    probing = [_probing(t, validation, settings.load.mode == "search") for t in found]
     return LaunchCost(statistics.median(t.timings.startup_s for t in found if t.timings is not None),
-                      statistics.median(_probing_s(t, validation, search) for t in found),
-                      SETTLED_FROM_START if by_default else statistics.median(max(1, len(t.probes)) for t in found),
+                      statistics.median(seconds for seconds, _ in probing),
+                      statistics.median(probes for _, probes in probing),
                       0.0 if any(t.validation is not None and t.validation.paired for t in found) else sleep_s)
 
 
@@ -391,7 +391,7 @@ class StudyRunner:
         return not waiting or _mark(waiting[0]) is None
 
     def _launch_s(self) -> float:
-        """The expected time of a validation launch (`_expected_trial_s`)."""
+        """The expected time of a validation launch (`_launch_cost`)."""
         return self._launch_cost().total_s
 
     def _launch_cost(self) -> LaunchCost:
