@@ -25,7 +25,7 @@ import pytest
 from optuna.trial import TrialState as OptunaState
 
 from conftest import AZURE_CONV, NO_LATENCY_LIMIT_ARGS, NO_LATENCY_LIMITS, REPO, run_tuner
-from tuner.capacity import LoadPolicy
+from tuner.capacity import LoadPolicy, Verdict
 from tuner.cli.options import storage_plan
 from tuner.hardware import detect_hardware
 from tuner.scoring import boundary
@@ -240,9 +240,14 @@ def test_the_runner_concludes_each_arms_round_as_a_paired_validation_launch(tmp_
     assert [(s.validation.round, s.validation.arm, s.validation.paired, s.state.value) for s in report.trials] == \
         [(1, 0, True, "complete"), (1, 1, True, "complete"), (2, 0, True, "complete"), (2, 1, True, "complete")]
     # Each arm's round ran the load search a validation launch runs: twice the study's budget, the reference load
-    # first, up to the highest load allowed.
+    # first, then, where it passed, the highest load allowed. (Where a crowded machine delays the stand-in, the pace
+    # rules may fail a probe, and the search goes its other way: its verdicts, not the factors, are the stand-in's.)
     assert all(spec.load.policy.probe_budget == 4 for specs in jobs[0].rounds for spec in specs)
-    assert all([p.probe.factor for p in stored[s.number].probes] == [1.0, 2.0] for s in report.trials)
+    for s in report.trials:
+        probes = stored[s.number].probes
+        assert len(probes) <= 4 and probes[0].probe.factor == 1.0, [(p.probe.factor, p.reasons) for p in probes]
+        if probes[0].verdict == Verdict.PASS:
+            assert probes[1].probe.factor == 2.0, [(p.probe.factor, p.reasons) for p in probes]
     assert validation.paired and validation.complete and validation.gain.paired
     assert validation.design == "paired on one engine pair with sleep mode"
     assert validation.verdict().splitlines()[1] == "paired on one engine pair with sleep mode"
