@@ -198,6 +198,7 @@ def test_the_runner_concludes_each_arms_round_as_a_paired_validation_launch(tmp_
     concluded as a launch, marked paired and judged so. Stand-ins for what cannot run here: a GPU slot (this machine
     and its Ray slots have none) and the Ray job's launches (sleep-mode engines; the same `run_paired` runs, in this
     process, against tests/sleep_server.py)."""
+    from tuner.study import launch_time, paired_validation
     from tuner.study import runner as runner_module
     from tuner.workers import pool as pool_module
 
@@ -208,9 +209,10 @@ def test_the_runner_concludes_each_arms_round_as_a_paired_validation_launch(tmp_
     runner = runner_module.StudyRunner("aa", plan, parallel=1)
     machine = detect_hardware()
     with_gpu = dataclasses.replace(machine, accelerator="cuda", gpu_count=1)
-    monkeypatch.setattr(runner_module, "detect_hardware", lambda: with_gpu)
+    for module in (runner_module, launch_time, paired_validation):  # each asks for the machine's GPUs
+        monkeypatch.setattr(module, "detect_hardware", lambda: with_gpu)
     # The baseline queued at creation runs first, unpaired: the decision says so and launches nothing.
-    assert runner._pairing(2, 4, 1, True, None, None).text == \
+    assert runner.clock.pairing(2, 4, 1, True, None, None).text == \
         "interleaved launches: trials queued before the validation run first"
     queued = runner.study.ask()  # set aside without a launch, so that only the validation's launches are queued
     runner.study.tell(queued, state=OptunaState.FAIL)

@@ -82,7 +82,7 @@ def _measured(runner, config, carried_rps: float) -> None:
     from tuner.workers.measure import TrialTimings
 
     trial = runner.study.ask()
-    runner._config(trial)
+    runner.launches.config(trial)
     runner.repo.save_trial(StoredTrial(
         study_name="s", trial_number=trial.number, attempt=1, state=TrialState.COMPLETE, engine_config=config,
         serve_command=config.serve_command("tiny"), measurement=measurement(), failure_class=None,
@@ -109,15 +109,15 @@ def test_the_validations_share_is_kept_only_once_there_is_a_candidate_to_validat
     create_study("s", model=tiny_model, trace_path=bundled_trace(), space="cpu-small", boundary_name="interactive",
                  limits={}, plan=plan, load=LoadPolicy(), selection=TraceSelection(max_requests=8, fit="clip"))
     runner = StudyRunner("s", plan)
-    runner._slots = 1
+    runner.recorder.slots = 1
     # 350 s left: one more 100 s trial ends before the end, not before the 400 s kept for 4 launches of 100 s.
     budget = RunBudget(time.time() - 150, budget_s=500, validation_launches=4)
     _measured(runner, runner.ctx.space.baseline(), 10.0)
-    plan_now = runner._budget_plan(budget, None)
+    plan_now = runner.clock.budget_plan(budget, None)
     # Nothing but vLLM's default to validate: the search goes on into the validation's share, and the plan says so.
-    assert runner._budget_stop(budget) is None
+    assert runner.clock.budget_stop(budget) is None
     assert plan_now.no_candidate and "the search goes on into the validation's share" in plan_now.text()
     # A configuration that carried more is a candidate: from now on the validation's share is kept.
     _measured(runner, runner.ctx.space.suggest(runner.study.ask()), 12.0)
-    assert runner._budget_stop(budget) == BUDGET_KEPT
-    assert not runner._budget_plan(budget, None).no_candidate
+    assert runner.clock.budget_stop(budget) == BUDGET_KEPT
+    assert not runner.clock.budget_plan(budget, None).no_candidate

@@ -123,7 +123,7 @@ def _baseline_measured(runner: StudyRunner, carried_rps: float, tpot_s: float | 
 def _start(runner: StudyRunner, config: EngineConfig) -> TrialSummary | None:
     """`config` asked of the runner: the summary of its rejection before launch, or None when it would launch."""
     enqueue_config("s", runner.plan, config)
-    job = runner._start(None, 0)  # type: ignore[arg-type]  # the pool only runs what _start hands back
+    job = runner.launches.start(0)
     if isinstance(job, TrialSummary):
         return job
     job[0].beat.stop()

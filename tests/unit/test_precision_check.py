@@ -50,21 +50,22 @@ def test_the_precision_check_is_vllms_default_with_every_fp8_choice_the_space_of
 def test_a_study_that_allows_fp8_runs_the_precision_check_after_the_baseline(tmp_path, on_an_h100):
     runner = _study(tmp_path, allow_fp8=True)
     baseline = runner.study.ask()
-    assert runner._config(baseline) == (runner.ctx.space.baseline(), True) and baseline.user_attrs[BASELINE_ATTR]
+    assert runner.launches.config(baseline) == (runner.ctx.space.baseline(), True)
+    assert baseline.user_attrs[BASELINE_ATTR]
     check = runner.study.ask()
-    config, is_baseline = runner._config(check)
+    config, is_baseline = runner.launches.config(check)
     # The baseline in every other setting: the space's grids (max_num_seqs, max_model_len, ...) are not asked.
     assert not is_baseline and config == replace(runner.ctx.space.baseline(), quantization="fp8", kv_cache_dtype="fp8")
     assert check.params == {"quantization": "fp8", "kv_cache_dtype": "fp8"}
     assert check.user_attrs[ON_DEFAULT_ATTR] == ["kv_cache_dtype", "quantization"]
     runner.study.tell(check, [20.0, 1.0])
     # A validation launch of it runs the same configuration, not the space's other settings sampled anew.
-    runner._queue_launch(ValidationMark(1, 1, 2, 1, check.number), runner.study.trials[check.number])
+    runner.launches.queue(ValidationMark(1, 1, 2, 1, check.number), runner.study.trials[check.number])
     launch = runner.study.ask()
-    assert runner._config(launch) == (config, False)
+    assert runner.launches.config(launch) == (config, False)
     # The sampler's own proposals ask every setting the space searches.
     proposal = runner.study.ask()
-    runner._config(proposal)
+    runner.launches.config(proposal)
     assert set(proposal.params) == set(runner.ctx.space.parameters) and ON_DEFAULT_ATTR not in proposal.user_attrs
 
 

@@ -11,7 +11,7 @@ from factories import MACHINE, probe_ladder, request_records, study_settings, tr
 from tuner.capacity import SETTLED_FROM_START, LoadPolicy
 from tuner.storage import Repository, StoredTrial, TrialState
 from tuner.study.budget import LaunchCost
-from tuner.study.runner import _expected_trial_s, _launch_cost
+from tuner.study.launch_time import expected_trial_s, launch_cost
 from tuner.validation import ValidationMark
 from tuner.workers.measure import TrialTimings
 
@@ -30,22 +30,22 @@ def test_a_validation_launch_is_expected_to_take_what_the_validation_launches_to
     repo.migrate()
     settings = study_settings()
     repo.save_study(settings)
-    assert _expected_trial_s(repo, settings, 30.0, validation=True) == 30.0  # nothing finished: the trace's span
+    assert expected_trial_s(repo, settings, 30.0, validation=True) == 30.0  # nothing finished: the trace's span
     for number, total_s in enumerate((100.0, 120.0, 110.0)):
         repo.save_trial(_trial(number, total_s), [])
-    assert _expected_trial_s(repo, settings, 30.0, validation=False) == pytest.approx(110.0)
-    assert _expected_trial_s(repo, settings, 30.0, validation=True) == pytest.approx(110.0)  # none of its kind yet
+    assert expected_trial_s(repo, settings, 30.0, validation=False) == pytest.approx(110.0)
+    assert expected_trial_s(repo, settings, 30.0, validation=True) == pytest.approx(110.0)  # none of its kind yet
     # ...but vLLM's default searched its whole capacity, as a validation launch will, where search trials stop at the
     # best so far: its time is the better guess.
-    assert _expected_trial_s(repo, settings, 30.0, validation=True, baselines={1}) == pytest.approx(120.0)
+    assert expected_trial_s(repo, settings, 30.0, validation=True, baselines={1}) == pytest.approx(120.0)
     for number, total_s in ((3, 300.0), (4, 260.0)):
         repo.save_trial(_trial(number, total_s, validation=True), [])
-    assert _expected_trial_s(repo, settings, 30.0, validation=True) == pytest.approx(280.0)
-    assert _expected_trial_s(repo, settings, 30.0, validation=False) == pytest.approx(110.0)
+    assert expected_trial_s(repo, settings, 30.0, validation=True) == pytest.approx(280.0)
+    assert expected_trial_s(repo, settings, 30.0, validation=False) == pytest.approx(110.0)
     # A new study of the same model starts from the other studies' trials.
     other = replace(settings, name="s2")
     repo.save_study(other)
-    assert _expected_trial_s(repo, other, 30.0, validation=False) == pytest.approx(120.0)
+    assert expected_trial_s(repo, other, 30.0, validation=False) == pytest.approx(120.0)
 
 
 def test_a_validation_launch_judged_by_the_default_takes_the_probes_of_a_search_from_its_capacity(tmp_path):
@@ -61,15 +61,15 @@ def test_a_validation_launch_judged_by_the_default_takes_the_probes_of_a_search_
     record = replace(trial_record(request_records(4), died=False), timings=TrialTimings(108.0, 140.0, 4.0),
                      hardware=MACHINE)
     repo.save_trial(StoredTrial.from_record("s1", 0, record, state=TrialState.COMPLETE, score=None, probes=ladder), [])
-    launch = _launch_cost(repo, settings, 30.0, validation=True, baselines={0}, sleep_s=12.0)
+    launch = launch_cost(repo, settings, 30.0, validation=True, baselines={0}, sleep_s=12.0)
     assert launch == LaunchCost(108.0, pytest.approx(144.0 / 4 * SETTLED_FROM_START), SETTLED_FROM_START, 12.0)
     # A search trial that follows takes what the default took, probes and all.
-    assert _expected_trial_s(repo, settings, 30.0, validation=False) == pytest.approx(252.0)
+    assert expected_trial_s(repo, settings, 30.0, validation=False) == pytest.approx(252.0)
     # Once validation launches ran, theirs is the measure; a paired one's timings hold its engine's sleeps.
     done = replace(record, timings=TrialTimings(60.0, 90.0, 2.0))
     repo.save_trial(StoredTrial.from_record("s1", 1, done, state=TrialState.COMPLETE, score=None, probes=ladder[:3],
                                             validation=ValidationMark(1, 1, 2, 0, None)), [])
-    assert _launch_cost(repo, settings, 30.0, True, {0}, sleep_s=12.0) == LaunchCost(60.0, 92.0, 3, 12.0)
+    assert launch_cost(repo, settings, 30.0, True, {0}, sleep_s=12.0) == LaunchCost(60.0, 92.0, 3, 12.0)
     repo.save_trial(StoredTrial.from_record("s1", 2, done, state=TrialState.COMPLETE, score=None, probes=ladder[:3],
                                             validation=ValidationMark(1, 1, 2, 1, 0, paired=True)), [])
-    assert _launch_cost(repo, settings, 30.0, True, {0}, sleep_s=12.0) == LaunchCost(60.0, 92.0, 3, 0.0)
+    assert launch_cost(repo, settings, 30.0, True, {0}, sleep_s=12.0) == LaunchCost(60.0, 92.0, 3, 0.0)

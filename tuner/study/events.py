@@ -22,6 +22,8 @@ NO_TIME_LEFT = "no time left in the window for another trial"
 BUDGET_SPENT = "no time left in the budget for another trial"
 BUDGET_END = "stopped at the budget's end"
 BUDGET_KEPT = "no time left for another search trial: the rest of the budget is kept for the validation"
+# How often a run with trials in flight, or a paired job, looks at the clock and for a stop request.
+STOP_POLL_S = 1.0
 
 
 @dataclass(frozen=True)
