@@ -39,7 +39,7 @@ from tuner.scoring import STEADY_CARRIED, STEADY_SHORTFALL_MIN, STEADY_SHORTFALL
 from tuner.traces.selection import TraceSelection, load_trace  # noqa: E402
 from tuner.workers.measure import Pace  # noqa: E402
 from tuner.workers.probes import probe_trace  # noqa: E402
-from tuner.workers.replay import Outcome, RequestRecord  # noqa: E402
+from tuner.workers.request_record import Outcome, RequestRecord  # noqa: E402
 
 
 def draw(trace, period: int, per_token_s: float, noise: float, stall_s: float, rng: random.Random,

@@ -34,7 +34,8 @@ from tuner.capacity import judge_probe  # noqa: E402
 from tuner.scoring import BOUNDARIES, Boundary, boundary, pace_undecided, pace_violations  # noqa: E402
 from tuner.workers.measure import Pace, measure  # noqa: E402
 from tuner.workers.probes import Probe  # noqa: E402
-from tuner.workers.replay import Outcome, ReplayResult, RequestRecord  # noqa: E402
+from tuner.workers.replay import ReplayResult  # noqa: E402
+from tuner.workers.request_record import Outcome, RequestRecord  # noqa: E402
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,8 @@ from tuner.scoring import Boundary, boundary  # noqa: E402
 from tuner.traces.selection import TraceSelection, load_trace  # noqa: E402
 from tuner.workers.engine_config import EngineConfig  # noqa: E402
 from tuner.workers.probes import Probe, ProbeRun  # noqa: E402
-from tuner.workers.replay import LiveReplay, RequestRecord  # noqa: E402
+from tuner.workers.replay import LiveReplay  # noqa: E402
+from tuner.workers.request_record import RequestRecord  # noqa: E402
 from tuner.workers.trial import TrialSpec, run_trial  # noqa: E402
 
 POLL_S = 0.25  # how often a replay asks its watch (tuner.workers.replay.replay)

@@ -35,7 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tuner.traces.stats import percentile  # noqa: E402
 from tuner.traces.records import Trace, TraceRequest  # noqa: E402
 from tuner.workers.launch import free_port  # noqa: E402
-from tuner.workers.replay import Outcome, ReplayResult, prepare_requests, replay  # noqa: E402
+from tuner.workers.replay import ReplayResult, prepare_requests, replay  # noqa: E402
+from tuner.workers.request_record import Outcome  # noqa: E402
 
 
 OUTPUT_TOKENS = 16

@@ -26,7 +26,8 @@ from tuner.traces.stats import percentile  # noqa: E402
 from tuner.traces.records import Trace, TraceRequest  # noqa: E402
 from tuner.workers.engine_config import EngineConfig  # noqa: E402
 from tuner.workers.launch import SERVED_MODEL_NAME, launch_engine  # noqa: E402
-from tuner.workers.replay import Outcome, prepare_requests, replay  # noqa: E402
+from tuner.workers.replay import prepare_requests, replay  # noqa: E402
+from tuner.workers.request_record import Outcome  # noqa: E402
 from tuner.workers.trial import TrialSpec, run_trial  # noqa: E402
 
 CONFIG = EngineConfig(max_num_seqs=16, max_model_len=1024, enforce_eager=True, kv_cache_memory_bytes=268435456)

@@ -40,7 +40,8 @@ from tuner.study.recommendation import THROUGHPUT_TIE  # noqa: E402
 from tuner.traces.selection import TraceSelection, load_trace  # noqa: E402
 from tuner.workers.engine_config import EngineConfig  # noqa: E402
 from tuner.workers.measure import Measurement  # noqa: E402
-from tuner.workers.replay import LiveReplay, Outcome, RequestRecord  # noqa: E402
+from tuner.workers.replay import LiveReplay  # noqa: E402
+from tuner.workers.request_record import Outcome, RequestRecord  # noqa: E402
 from tuner.workers.trial import TrialSpec, run_trial  # noqa: E402
 
 TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "azure_conv_2023.csv"

@@ -19,7 +19,8 @@ from tuner.workers.failures import classify_failure
 from tuner.workers.measure import Measurement, Percentiles, TrialTimings, measure
 from tuner.workers.probes import Probe
 from tuner.workers.trial import TrialRecord, TrialTrace
-from tuner.workers.replay import Outcome, ReplayResult, RequestRecord
+from tuner.workers.replay import ReplayResult
+from tuner.workers.request_record import Outcome, RequestRecord
 
 # --- inputs of the real runs ------------------------------------------------------------------------------
 

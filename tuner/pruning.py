@@ -18,7 +18,8 @@ from dataclasses import dataclass, replace
 from tuner.capacity import PERCENTILE, PERCENTILE_LIMITS, wilson_interval
 from tuner.scoring import Boundary, drain_violation, late_violation
 from tuner.workers.measure import Pace, early_requests
-from tuner.workers.replay import InFlight, LiveReplay, Outcome, RequestRecord, prompt_thousands
+from tuner.workers.replay import InFlight, LiveReplay
+from tuner.workers.request_record import Outcome, RequestRecord, prompt_thousands
 
 
 def _needed_over(n: int, q: float = 0.95) -> int:

@@ -217,7 +217,7 @@ def test_nothing_measured_is_a_clear_error(url, tmp_path):
 
 def test_the_report_draws_replicas_against_traffic(tmp_path):
     from tuner.report import collect_report, render_html
-    from tuner.report.figures import replicas_figure
+    from tuner.report.run_figures import replicas_figure
 
     url = f"sqlite:///{tmp_path / 'tuner.db'}"
     launches = [scored_trial(number, value, config=config, mark=ValidationMark(1, r, 2, arm, of))

@@ -37,7 +37,8 @@ from tuner.traces.selection import TraceSelection, load_trace
 from tuner.workers.engine_config import EngineConfig
 from tuner.workers.launch import _wait_healthy, free_port
 from tuner.workers.measure import measure
-from tuner.workers.replay import Outcome, prepare_requests, replay
+from tuner.workers.replay import prepare_requests, replay
+from tuner.workers.request_record import Outcome
 from tuner.workers.trial import TrialSpec, run_trial
 from factories import TINY_ENGINE, tiny_space
 

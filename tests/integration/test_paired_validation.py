@@ -35,7 +35,7 @@ from tuner.workers.engine_config import EngineConfig
 from tuner.workers.failures import classify_failure
 from tuner.workers.launch import EngineLaunchError, RunningEngine, free_port
 from tuner.workers.paired import PairedSpec, run_paired
-from tuner.workers.replay import Outcome
+from tuner.workers.request_record import Outcome
 from tuner.workers.trial import TrialSpec
 
 STAND_IN = REPO / "tests" / "sleep_server.py"

@@ -18,7 +18,7 @@ from tuner.traces.selection import TraceSelection, load_trace
 from tuner.traces.stats import percentile
 from tuner.workers.engine_config import EngineConfig
 from tuner.workers.failures import FailureClass
-from tuner.workers.replay import Outcome
+from tuner.workers.request_record import Outcome
 from tuner.workers.trial import TrialSpec, run_trial
 
 pytestmark = pytest.mark.vllm

@@ -21,7 +21,8 @@ from tuner.traces.records import Trace, TraceRequest
 from tuner.traces.transforms import repeat
 from tuner.workers.measure import Pace, measure
 from tuner.workers.probes import FixedLoad, Probe, ProbeRun, probe_trace
-from tuner.workers.replay import Outcome, ReplayResult, RequestRecord
+from tuner.workers.replay import ReplayResult
+from tuner.workers.request_record import Outcome, RequestRecord
 
 LIFTED = boundary("interactive", {"ttft_p95_s": None, "e2e_p95_s": None})
 DATA = Path(__file__).parents[1] / "data"

@@ -10,7 +10,8 @@ from tuner.scoring import BOUNDARIES
 from tuner.hardware import HardwareInfo
 from tuner.workers.measure import Measurement, Percentiles, measure
 from tuner.workers.probes import Probe
-from tuner.workers.replay import Outcome, ReplayResult, RequestRecord
+from tuner.workers.replay import ReplayResult
+from tuner.workers.request_record import Outcome, RequestRecord
 from tuner.workers.server_metrics import TimelineSample
 
 CAPS = EngineCaps(max_num_seqs=16, max_num_batched_tokens=2048, source="set")

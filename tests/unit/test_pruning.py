@@ -12,7 +12,8 @@ from tuner.pruning import BoundaryWatch, VerdictWatch
 from tuner.scoring import Boundary, boundary
 from tuner.workers.measure import measure
 from tuner.workers.probes import Probe
-from tuner.workers.replay import InFlight, LiveReplay, Outcome, ReplayResult, RequestRecord
+from tuner.workers.replay import InFlight, LiveReplay, ReplayResult
+from tuner.workers.request_record import Outcome, RequestRecord
 
 # 2 s to a first token for 95% of requests, none of which may fail.
 TTFT_ONLY = boundary("interactive", {"e2e_p95_s": None, "min_completion_ratio": 1.0})

@@ -17,7 +17,8 @@ from conftest import REPO
 from tuner.traces.records import Trace, TraceRequest
 from tuner.workers.launch import free_port
 from tuner.workers.prompts import PromptBuilder
-from tuner.workers.replay import Outcome, RequestRecord, Stop, prepare_requests, replay, send_completion
+from tuner.workers.replay import Stop, prepare_requests, replay, send_completion
+from tuner.workers.request_record import Outcome, RequestRecord
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,7 @@ from tuner.cli.present import report_trial_line
 from tuner.studies import TrialRowAnswer
 from tuner.workers.engine_config import EngineConfig
 from tuner.workers.measure import Measurement, Percentiles, TrialTimings
-from tuner.workers.replay import Outcome, RequestRecord
+from tuner.workers.request_record import Outcome, RequestRecord
 from tuner.workers.server_metrics import TimelineSample
 
 from checks import check_page_in_chromium

@@ -13,7 +13,8 @@ from tuner.traces.stats import percentile
 from tuner.scoring import BOUNDARIES, Capacity, Score, boundary, parse_limits, score
 from tuner.study.recommendation import capacity_sentence
 from tuner.workers.measure import Measurement, measure
-from tuner.workers.replay import InFlight, LiveReplay, Outcome, ReplayResult, RequestRecord
+from tuner.workers.replay import InFlight, LiveReplay, ReplayResult
+from tuner.workers.request_record import Outcome, RequestRecord
 
 
 def _record(i: int, e2e: float | None, ttft: float | None = 0.1, outcome: Outcome = Outcome.OK) -> RequestRecord:

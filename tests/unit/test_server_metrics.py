@@ -9,7 +9,8 @@ import pytest
 
 from tuner.traces.stats import percentile
 from tuner.workers.measure import Measurement, measure
-from tuner.workers.replay import Outcome, ReplayResult, RequestRecord
+from tuner.workers.replay import ReplayResult
+from tuner.workers.request_record import Outcome, RequestRecord
 from tuner.workers.server_metrics import (INFERENCE_TIME, KV_USAGE, PREEMPTIONS, PREFIX_HITS, PREFIX_QUERIES,
                                          QUEUE_TIME, RUNNING, WAITING, Histogram, parse_metrics)
 

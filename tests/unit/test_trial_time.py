@@ -12,7 +12,7 @@ from tuner.capacity import SETTLED_FROM_START, LoadPolicy
 from tuner.storage import Repository, StoredTrial, TrialState
 from tuner.study.budget import LaunchCost
 from tuner.study.launch_time import expected_trial_s, launch_cost
-from tuner.validation import ValidationMark
+from tuner.storage import ValidationMark
 from tuner.workers.measure import TrialTimings
 
 

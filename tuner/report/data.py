@@ -30,7 +30,7 @@ from tuner.study.capacity_plan import CapacityPlan, PlanOptions, plan_capacity
 from tuner.study.plan import load_optuna_study
 from tuner.study.recommendation import Recommendation, find_baseline, recommend
 from tuner.workers.engine_config import EngineConfig
-from tuner.workers.replay import RequestRecord
+from tuner.workers.request_record import RequestRecord
 from tuner.workers.server_metrics import TimelineSample
 
 if TYPE_CHECKING:

@@ -14,8 +14,9 @@ from tuner.describe import boundary_line
 from tuner.report.content import (common_settings, measured_on, number_text, recommendation_lines, side_by_side,
                                   trace_line, trial_count_line, trial_rows)
 from tuner.report.data import ReportData, config_text
-from tuner.report.figures import (load_curve_figure, output_lengths_figure, pareto_figure, preemption_figure,
-                                  replicas_figure, time_split_figure, timeline_figure)
+from tuner.report.figures import load_curve_figure, pareto_figure
+from tuner.report.run_figures import (output_lengths_figure, preemption_figure, replicas_figure, time_split_figure,
+                                      timeline_figure)
 
 if TYPE_CHECKING:
     from plotly.graph_objects import Figure

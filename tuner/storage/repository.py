@@ -21,7 +21,7 @@ from tuner.errors import NotFound, TunerError
 from tuner.paths import shipped_root
 from tuner.traces.records import Trace
 from tuner.traces.stats import TraceStats
-from tuner.workers.replay import RequestRecord
+from tuner.workers.request_record import RequestRecord
 
 MIGRATIONS = shipped_root() / "storage" / "migrations"
 SQLITE_BUSY_TIMEOUT_MS = 30_000

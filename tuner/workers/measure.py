@@ -8,7 +8,8 @@ from dataclasses import asdict, dataclass, fields
 
 from tuner.traces.stats import percentile
 from tuner.workers.compile_cache import CompileCache
-from tuner.workers.replay import Outcome, ReplayResult, RequestRecord
+from tuner.workers.replay import ReplayResult
+from tuner.workers.request_record import Outcome, RequestRecord
 from tuner.workers.server_metrics import (INFERENCE_TIME, PREEMPTIONS, PREFIX_HITS, PREFIX_QUERIES, QUEUE_TIME,
                                           READ_METRICS, Histogram, TimelineSample)
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from tuner.workers.engine_config import EngineConfig
 from tuner.workers.probes import Probe, ProbeRun
-from tuner.workers.replay import RequestRecord
+from tuner.workers.request_record import RequestRecord
 from tuner.workers.server_metrics import TimelineSample
 
 PROBE_LOG = "probes.jsonl"  # beside the trial's server log: a header line, then one line per finished probe

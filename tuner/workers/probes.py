@@ -20,7 +20,8 @@ from tuner.traces.records import Trace
 from tuner.traces.transforms import cap_requests, repeat, scale_rate
 from tuner.workers.launch import SERVED_MODEL_NAME, RunningEngine
 from tuner.workers.measure import Measurement, measure
-from tuner.workers.replay import LiveReplay, Outcome, RequestRecord, Stop, prepare_requests, replay
+from tuner.workers.replay import LiveReplay, Stop, prepare_requests, replay
+from tuner.workers.request_record import Outcome, RequestRecord
 from tuner.workers.server_metrics import RUNNING, SCRAPE_ERRORS, WAITING, TimelineSample, scrape
 
 # Seeds of the prompts: probe k uses seed + k * PROBE_SEED_STRIDE (so probe 0 replays exactly what a single

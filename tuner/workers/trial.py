@@ -21,7 +21,7 @@ from tuner.workers.failures import EngineFailure
 from tuner.workers.measure import Measurement, TrialTimings
 from tuner.workers.probe_log import PROBE_LOG, ProbeLog, ResumedProbes
 from tuner.workers.probes import FixedLoad, LoadPlan, Probe, ProbeRun, StopRule, run_probes
-from tuner.workers.replay import RequestRecord
+from tuner.workers.request_record import RequestRecord
 from tuner.workers.server_metrics import TimelineSample
 
 
