@@ -193,8 +193,6 @@ class ScheduleRun:
         `by_state`, `failures` and `new_best`."""
         return {"id": self.id, "schedule": self.schedule, "study": self.study, "state": self.state.value,
                 "due_at": self.due_at, "started_at": self.started_at, "window_end": self.window_end,
-                "finished_at": self.finished_at, "trials": [t.to_dict() for t in self.trials],
-                "best": self.best.to_dict() if self.best else None,
-                "previous_best": self.previous_best.to_dict() if self.previous_best else None,
-                "stopped_early": self.stopped_early, "error": self.error, "by_state": self.by_state,
-                "failures": self.failures, "new_best": self.new_best}
+                "finished_at": self.finished_at,
+                **self.summary(self.trials, self.best, self.previous_best, self.stopped_early, self.error),
+                "by_state": self.by_state, "failures": self.failures, "new_best": self.new_best}
