@@ -1,12 +1,13 @@
 """Schedules: a study resumed at set times for a set window (say every night at 01:00 for five hours), each run
 ending with a morning summary.
 
-The schedules live in the study database, in APScheduler's SQLAlchemy job store (table `tuner_schedules`), so
-they outlive the process that runs them; each run and its summary is a row of `tuner_schedule_runs` beside it
-(one of tuner's migrated tables). One process hosts them (`tuner serve`, or `tuner schedule host`): it runs each
-schedule when due, one run at a time, as a `tuner study run` subprocess, which keeps Ray and the engines out of
-the host. Any process may add, list, remove or make a schedule due (the command line does, while the host runs):
-the host looks at the store every few seconds, since APScheduler 3 only notices its own changes.
+The schedules live in the study database, in APScheduler's SQLAlchemy job store (table `tuner_schedules`), so they
+outlive the process that runs them; each run and its summary (`tuner.schedule_runs`) is a row of
+`tuner_schedule_runs` beside it, one of tuner's migrated tables, which the Repository reads and writes. One process
+hosts them (`tuner serve`, or `tuner schedule host`): it runs each schedule when due, one run at a time, as a
+`tuner study run` subprocess, which keeps Ray and the engines out of the host. Any process may add, list, remove or
+make a schedule due (the command line does, while the host runs): the host looks at the store every few seconds,
+since APScheduler 3 only notices its own changes.
 
 A run never goes past the end of the window it falls in: it starts no trial that cannot finish inside it
 (judged by the study's median trial time) and stops any trial still running at its end. A run that starts
@@ -20,9 +21,8 @@ import re
 import tempfile
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -33,15 +33,13 @@ from apscheduler.jobstores.sqlalchemy import SQLAlchemyJobStore
 from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.schedulers.base import STATE_STOPPED
 from apscheduler.triggers.cron import CronTrigger
-from sqlalchemy import insert, select, update
 
-from tuner.storage import StoredTrial, TrialState
-from tuner.storage.schema import SCHEDULE_JOBS_TABLE, ScheduleRunRow
-from tuner.describe import RecommendationContext, throughput_line
 from tuner.errors import NotFound, TunerError
-from tuner.scoring import Capacity
+from tuner.schedule_runs import ScheduleBest, ScheduleRun, ScheduleTrial
+from tuner.storage import StoredScheduleRun
+from tuner.storage.schema import SCHEDULE_JOBS_TABLE
 from tuner.study.plan import StoragePlan, load_optuna_study
-from tuner.study.recommendation import recommend, shortfall_sentence
+from tuner.study.recommendation import recommend
 from tuner.supervisor import RunState, StudyRunChild, run_env, study_run_argv
 
 POLL_S = 5.0  # how often the host looks for schedules that other processes added or made due
@@ -51,8 +49,6 @@ _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,190}")  # APScheduler's job ids
 _NUMBERED_WEEKDAY = re.compile(r"(?<![/\d])\d")  # a weekday number, not a step such as */2
 
 _logger = logging.getLogger(__name__)
-
-RUNS = ScheduleRunRow.__table__
 
 
 def cron_trigger(cron: str, timezone) -> CronTrigger:
@@ -76,173 +72,6 @@ def due_time(trigger: CronTrigger, window_s: float, now: datetime) -> datetime:
         due = fire
         fire = trigger.get_next_fire_time(fire, fire + timedelta(seconds=1))
     return due or now
-
-
-@dataclass(frozen=True)
-class ScheduleTrial:
-    """A trial recorded during a schedule's run, in brief, as its morning summary keeps it."""
-
-    number: int
-    state: TrialState
-    failure_class: str | None
-    completed_rps: float | None  # None: not scored
-    e2e_p95_s: float | None
-    feasible: bool | None  # whether it met the boundary; None: not scored
-    reason: str | None  # why it failed, was pruned or fell outside
-
-    @classmethod
-    def of(cls, t: StoredTrial) -> ScheduleTrial:
-        """The stored trial in brief."""
-        reason = t.failure_message or t.prune_reason or "; ".join(t.score.violations if t.score else []) or None
-        return cls(t.trial_number, t.state, t.failure_class, t.scored.completed_rps if t.scored else None,
-                   t.scored.e2e_p95_s if t.scored else None, t.score.feasible if t.score else None, reason)
-
-    def to_dict(self) -> dict:
-        """As the morning summary stores it."""
-        return {**asdict(self), "state": self.state.value}
-
-    @classmethod
-    def from_dict(cls, data: dict) -> ScheduleTrial:
-        """The trial `to_dict` gave."""
-        return cls(**{**data, "state": TrialState(data["state"])})
-
-
-# The best's own keys in a stored morning summary; the rest are its context's.
-_BEST_KEYS = ("trial", "completed_rps", "e2e_p95_s", "serve_command", "validation", "capacity", "violations",
-              "others_carry")
-
-
-@dataclass(frozen=True)
-class ScheduleBest:
-    """A study's recommendation as a schedule's run found it: its trial, completed throughput, p95 end-to-end latency
-    and `vllm serve` command, its validation's verdict, where it was measured (the boundary, the machine, vLLM
-    and the trace), and after a load search its capacity. Summaries written before
-    verdicts, contexts or capacities were kept have None."""
-
-    trial: int
-    completed_rps: float
-    e2e_p95_s: float
-    serve_command: str
-    validation: str | None = None  # the verdict, or "not validated"
-    context: RecommendationContext | None = None
-    capacity: Capacity | None = None  # None: the study measures at a fixed load
-    # How it breaks the boundary at your traffic: a best that carries only part of it (see `shortfall_sentence`)
-    violations: tuple[str, ...] = ()
-    others_carry: bool = False  # some other configuration tried carried it, yet validation kept the default
-
-    def to_dict(self) -> dict:
-        """As the morning summary stores it: the context's keys beside the best's own; what it lacks left out."""
-        own = {"trial": self.trial, "completed_rps": self.completed_rps, "e2e_p95_s": self.e2e_p95_s,
-               "serve_command": self.serve_command}
-        if self.validation is not None:
-            own["validation"] = self.validation
-        if self.capacity is not None:
-            own["capacity"] = self.capacity.to_dict()
-        if self.violations:
-            own["violations"] = list(self.violations)
-        if self.others_carry:
-            own["others_carry"] = True
-        return {**own, **(self.context.to_dict() if self.context else {})}
-
-    @classmethod
-    def from_dict(cls, data: dict) -> ScheduleBest:
-        """The best `to_dict` gave."""
-        context = {key: value for key, value in data.items() if key not in _BEST_KEYS}
-        return cls(data["trial"], data["completed_rps"], data["e2e_p95_s"], data["serve_command"],
-                   data.get("validation"), RecommendationContext.from_dict(context) if context else None,
-                   Capacity.from_dict(data["capacity"]) if data.get("capacity") else None,
-                   tuple(data.get("violations") or ()), bool(data.get("others_carry")))
-
-    def line(self) -> str:
-        """Its trial, throughput (after a load search, its capacity) and latency in words."""
-        capacity_rps = self.capacity.rps if self.capacity else None
-        carried = throughput_line(self.completed_rps, self.e2e_p95_s, capacity_rps, searched=self.capacity is not None)
-        shortfall = f"; {shortfall_sentence(list(self.violations), self.others_carry)}" if self.violations else ""
-        return f"trial {self.trial}: {carried}{shortfall}"
-
-
-@dataclass(frozen=True)
-class ScheduleRun:
-    """One run of a schedule and what it left: the morning summary."""
-
-    id: int
-    schedule: str
-    study: str
-    state: RunState
-    due_at: str  # ISO 8601 with the host's offset
-    started_at: str
-    window_end: str
-    finished_at: str | None
-    trials: list[ScheduleTrial]  # each trial recorded during the run
-    best: ScheduleBest | None  # the study's recommendation when the run ended
-    previous_best: ScheduleBest | None  # the same when the run began
-    stopped_early: str | None  # why the run ended before its trial cap (the window, a stop)
-    error: str | None  # why the run could not go on, when it could not
-
-    @property
-    def by_state(self) -> dict[str, int]:
-        """Its trials counted by state."""
-        return dict(Counter(t.state.value for t in self.trials))
-
-    @property
-    def failures(self) -> dict[str, int]:
-        """Its failed trials counted by failure class."""
-        return dict(Counter(t.failure_class for t in self.trials if t.failure_class))
-
-    @property
-    def new_best(self) -> bool:
-        """Whether the run left a best trial other than the one before it (True for a first best)."""
-        return self.best is not None and (self.previous_best is None or self.best.trial != self.previous_best.trial)
-
-    def lines(self) -> list[str]:
-        """The morning summary in words: what ran, what failed, the best so far and whether it is new."""
-        lines = [f"{self.schedule} (study {self.study}): {self.state}, started {self.started_at}, "
-                 f"window until {self.window_end}" + (f", ended {self.finished_at}" if self.finished_at else "")]
-        if self.state is RunState.RUNNING:
-            return lines
-        counts = ", ".join(f"{n} {state}" for state, n in sorted(self.by_state.items()))
-        lines.append(f"{len(self.trials)} trial{'' if len(self.trials) == 1 else 's'}"
-                     + (f": {counts}" if counts else ""))
-        if self.failures:
-            lines.append("failures: " + ", ".join(f"{cls} x{n}" for cls, n in sorted(self.failures.items())))
-        if self.best is None:
-            lines.append("no configuration has met the boundary yet")
-        elif self.new_best:
-            was = f" (was {self.previous_best.line()})" if self.previous_best else " (the first)"
-            lines.append(f"new best: {self.best.line()}{was}")
-        else:
-            lines.append(f"best unchanged: {self.best.line()}")
-        if self.best is not None and self.best.context is not None:
-            lines.append(f"  {self.best.context.line(meets=not self.best.violations)}")
-        if self.best is not None:  # a gain only with its interval: the validation's verdict, or "not validated"
-            lines.append(f"  {self.best.validation if self.best.validation is not None else 'not validated'}")
-        if self.stopped_early:
-            lines.append(f"stopped early: {self.stopped_early}")
-        if self.error:
-            lines.append(f"error: {self.error}")
-        return lines
-
-    @classmethod
-    def from_row(cls, row) -> ScheduleRun:
-        """The run a row of `tuner_schedule_runs` holds, its summary as written then (older ones lack some keys)."""
-        summary = row.summary
-        best, previous_best = summary.get("best"), summary.get("previous_best")
-        return cls(row.id, row.schedule, row.study, RunState(row.state), row.due_at, row.started_at, row.window_end,
-                   row.finished_at, [ScheduleTrial.from_dict(t) for t in summary.get("trials", [])],
-                   ScheduleBest.from_dict(best) if best else None,
-                   ScheduleBest.from_dict(previous_best) if previous_best else None, summary.get("stopped_early"),
-                   summary.get("error"))
-
-    def to_dict(self) -> dict:
-        """The run as JSON-ready data: every field, the trials and the bests as the summary stores them, with
-        `by_state`, `failures` and `new_best`."""
-        return {"id": self.id, "schedule": self.schedule, "study": self.study, "state": self.state.value,
-                "due_at": self.due_at, "started_at": self.started_at, "window_end": self.window_end,
-                "finished_at": self.finished_at, "trials": [t.to_dict() for t in self.trials],
-                "best": self.best.to_dict() if self.best else None,
-                "previous_best": self.previous_best.to_dict() if self.previous_best else None,
-                "stopped_early": self.stopped_early, "error": self.error, "by_state": self.by_state,
-                "failures": self.failures, "new_best": self.new_best}
 
 
 @dataclass(frozen=True)
@@ -420,9 +249,7 @@ class ScheduleBook:
 
     def runs(self, name: str, limit: int | None = None) -> list[ScheduleRun]:
         """The schedule's runs, the latest first (also those of a schedule since removed)."""
-        query = select(RUNS).where(RUNS.c.schedule == name).order_by(RUNS.c.id.desc()).limit(limit)
-        with self.repo.engine.begin() as conn:
-            return [ScheduleRun.from_row(row) for row in conn.execute(query)]
+        return [ScheduleRun.of(stored) for stored in self.repo.schedule_runs(name, limit)]
 
     def _schedule(self, job: Job) -> Schedule:
         args = job.kwargs
@@ -436,53 +263,40 @@ class ScheduleBook:
         return datetime.now(self._scheduler.timezone)
 
     def _mark_interrupted(self) -> None:
-        with self.repo.engine.begin() as conn:
-            conn.execute(update(RUNS).where(RUNS.c.state == RunState.RUNNING)
-                         .values(state=RunState.INTERRUPTED, finished_at=self._now().isoformat(timespec="seconds")))
+        self.repo.end_schedule_runs(RunState.RUNNING, RunState.INTERRUPTED, self._now().isoformat(timespec="seconds"))
 
     def _standing(self, study: str) -> tuple[set[int], ScheduleBest | None]:
         """The study's recorded trial numbers and its recommendation, as they stand."""
         settings = self.repo.get_study(study)
         numbers = {t.trial_number for t in self.repo.trials(study)}
         rec = recommend(self.repo, settings, load_optuna_study(study, self.plan))
-        if rec is None:
-            return numbers, None
-        score = rec.trial.scored
-        return numbers, ScheduleBest(rec.trial.trial_number, score.completed_rps, score.e2e_p95_s,
-                                     rec.trial.serve_command,
-                                     rec.validation.sentence() if rec.validation else "not validated",
-                                     RecommendationContext.of(rec, settings), score.capacity, tuple(score.violations),
-                                     rec.others_carry)
+        return numbers, ScheduleBest.of(rec, settings) if rec else None
 
     def _run(self, name: str, study: str, cron: str, window_s: float, trials: int | None) -> None:
         started = self._now()
         due = due_time(cron_trigger(cron, self._scheduler.timezone), window_s, started)
         window_end = due + timedelta(seconds=window_s)
         before, previous_best = self._standing(study)
-        summary = {"trials": [], "best": None, "previous_best": previous_best.to_dict() if previous_best else None,
-                   "stopped_early": None, "error": None}
-        with self.repo.engine.begin() as conn:
-            run_id = conn.execute(insert(RUNS).values(
-                schedule=name, study=study, state=RunState.RUNNING, due_at=due.isoformat(timespec="seconds"),
-                started_at=started.isoformat(timespec="seconds"),
-                window_end=window_end.isoformat(timespec="seconds"), summary=summary)).inserted_primary_key[0]
+        stored = self.repo.save_schedule_run(StoredScheduleRun(
+            name, study, RunState.RUNNING, due.isoformat(timespec="seconds"), started.isoformat(timespec="seconds"),
+            window_end.isoformat(timespec="seconds"), None, ScheduleRun.summary([], None, previous_best)))
         self._emit(RunStarted(name, study, window_end))
         state = RunState.FAILED
+        stopped_early: str | None = None
+        error: str | None = None
         try:
-            state, summary["stopped_early"], summary["error"] = self._study_run(study, trials, window_end)
+            state, stopped_early, error = self._study_run(study, trials, window_end)
         except Exception as exc:
-            summary["error"] = f"{exc.__class__.__name__}: {exc}"
+            error = f"{exc.__class__.__name__}: {exc}"
             raise
         finally:
             best = self._standing(study)[1]
-            summary["best"] = best.to_dict() if best else None
-            summary["trials"] = [ScheduleTrial.of(t).to_dict() for t in self.repo.trials(study)
-                                 if t.trial_number not in before]
-            with self.repo.engine.begin() as conn:
-                conn.execute(update(RUNS).where(RUNS.c.id == run_id).values(
-                    state=state, finished_at=self._now().isoformat(timespec="seconds"), summary=summary))
-                run = ScheduleRun.from_row(conn.execute(select(RUNS).where(RUNS.c.id == run_id)).one())
-            self._emit(RunFinished(run))
+            ran = [ScheduleTrial.of(t) for t in self.repo.trials(study) if t.trial_number not in before]
+            summary = ScheduleRun.summary(ran, best, previous_best, stopped_early, error)
+            stored = self.repo.save_schedule_run(replace(stored, state=state,
+                                                         finished_at=self._now().isoformat(timespec="seconds"),
+                                                         summary=summary))
+            self._emit(RunFinished(ScheduleRun.of(stored)))
 
     def _study_run(self, study: str, trials: int | None,
                    window_end: datetime) -> tuple[RunState, str | None, str | None]:

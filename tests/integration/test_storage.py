@@ -18,7 +18,7 @@ from tuner.storage import (Repository, StoredTrial, VERSION_TABLE, alembic_confi
                            attach_trial_artifacts, default_artifact_dir, default_storage_url, redact_url,
                            trial_artifacts)
 from tuner.storage.schema import Base, ScheduleRunRow, TraceRow, include_name
-from tuner.storage.records import StoredRun
+from tuner.storage.records import StoredRun, StoredScheduleRun
 from tuner.capacity import JudgedProbe, Verdict
 from tuner.errors import TunerError
 from tuner.scoring import Rejection, Score
@@ -235,6 +235,25 @@ def test_a_run_is_stored_then_updated_as_it_goes_and_goes_with_its_study(repo):
     with repo.engine.begin() as conn:
         conn.execute(sa.text("DELETE FROM tuner_studies"))
     assert row_count(repo, "tuner_runs") == 0
+
+
+def test_a_schedules_run_is_stored_ended_and_read_back_the_latest_first(repo):
+    def started(schedule: str, at: str) -> StoredScheduleRun:
+        return repo.save_schedule_run(StoredScheduleRun(schedule, "s1", "running", at, at, "2026-12-01T06:00:00+00:00",
+                                                        None, {"trials": [], "best": None}))
+
+    first = started("nightly", "2026-12-01T01:00:00+00:00")
+    assert first.id is not None and repo.schedule_runs("nightly") == [first]
+    ended = repo.save_schedule_run(replace(first, state="finished", finished_at="2026-12-01T05:59:00+00:00",
+                                           summary={"trials": [{"number": 0}], "best": {"trial": 0}}))
+    second, other = started("nightly", "2026-12-02T01:00:00+00:00"), started("weekly", "2026-12-02T01:00:00+00:00")
+    assert repo.schedule_runs("nightly") == [second, ended] and repo.schedule_runs("nightly", 1) == [second]
+    assert [r.id for r in repo.schedule_runs("nightly")] == [second.id, first.id]
+    repo.end_schedule_runs("running", "interrupted", "2026-12-02T02:00:00+00:00")
+    assert [(r.state, r.finished_at) for r in repo.schedule_runs("nightly") + repo.schedule_runs("weekly")] == [
+        ("interrupted", "2026-12-02T02:00:00+00:00"), ("finished", "2026-12-01T05:59:00+00:00"),
+        ("interrupted", "2026-12-02T02:00:00+00:00")]
+    assert repo.schedule_runs("weekly")[0].id == other.id and repo.schedule_runs("never") == []
 
 
 def test_a_probes_pace_with_its_carried_share_round_trips(repo):

@@ -6,17 +6,17 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, replace
-from types import SimpleNamespace
 
 from fastapi.testclient import TestClient
 
 from factories import MACHINE
 from tuner.describe import RecommendationContext, boundary_line, hardware_line
 from tuner.runs import RunRecord
-from tuner.schedules import Schedule, ScheduleBest, ScheduleRun
+from tuner.schedule_runs import ScheduleBest, ScheduleRun
+from tuner.schedules import Schedule
 from tuner.scoring import BOUNDARIES, Capacity, Score
 from tuner.service import build_api
-from tuner.storage import TrialState, ValidationMark
+from tuner.storage import StoredScheduleRun, TrialState, ValidationMark
 from tuner.studies import LocalStudies
 from tuner.study.events import RunReport, TrialStarted, TrialSummary, logged_dict
 from tuner.supervisor import RunState
@@ -48,10 +48,10 @@ SUMMARIES = [json.loads(json.dumps({"trials": TRIALS, "best": best, "previous_be
                                      {**BEST, "trial": 1, "validation": "not validated", **CONTEXT}),
                                     ({**BEST, "validation": "not validated", **CONTEXT}, None),
                                     ({**BEST, **CONTEXT}, {**BEST, "trial": 1, **CONTEXT}), (BEST, BEST)]]
-SCHEDULE_RUNS = [ScheduleRun.from_row(SimpleNamespace(
-    id=i, schedule="nightly", study="s", state="finished", due_at="2026-12-01T01:00:00+00:00",
+SCHEDULE_RUNS = [ScheduleRun.of(StoredScheduleRun(
+    schedule="nightly", study="s", state="finished", due_at="2026-12-01T01:00:00+00:00",
     started_at="2026-12-01T01:00:02+00:00", window_end="2026-12-01T06:00:00+00:00",
-    finished_at="2026-12-01T05:59:00+00:00", summary=summary)) for i, summary in enumerate(SUMMARIES, start=1)]
+    finished_at="2026-12-01T05:59:00+00:00", summary=summary, id=i)) for i, summary in enumerate(SUMMARIES, start=1)]
 SCHEDULE = Schedule("nightly", "s", "0 1 * * *", 18000.0, None, None, SCHEDULE_RUNS[0])
 
 

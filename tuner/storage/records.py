@@ -177,6 +177,31 @@ class StoredRun:
         return cls(**values)
 
 
+@dataclass(frozen=True)
+class StoredScheduleRun:
+    """One run of a schedule (`tuner.schedules`), as stored: when it was due, started, was to end and ended, and its
+    morning summary, the JSON that `tuner.schedule_runs.ScheduleRun` writes and reads back."""
+
+    schedule: str
+    study: str
+    state: str  # a tuner.supervisor.RunState's value
+    due_at: str  # ISO 8601 with the host's offset
+    started_at: str
+    window_end: str
+    finished_at: str | None  # None while it runs
+    summary: dict[str, Any]
+    id: int | None = field(default=None, compare=False)  # the row's, once stored
+
+    def to_dict(self) -> dict[str, Any]:
+        """As stored, without the row's id."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "id"}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> StoredScheduleRun:
+        """The run `to_dict` gave, with its row's id when `data` has one."""
+        return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
+
+
 def _score_from_dict(data: dict[str, Any]) -> Score | Rejection | None:
     """The score column: a Score when the trial was scored, a Rejection when its proposal was refused before
     launch, empty otherwise."""

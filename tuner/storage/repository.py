@@ -9,13 +9,13 @@ from typing import Any
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Engine, create_engine, delete, event, insert, select
+from sqlalchemy import Engine, create_engine, delete, event, insert, select, update
 from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.exc import ArgumentError, IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from tuner.storage.records import StoredRun, StoredTrial, StudySettings
-from tuner.storage.schema import Base, RequestRow, RunRow, StudyRow, TraceRow, TrialRow
+from tuner.storage.records import StoredRun, StoredScheduleRun, StoredTrial, StudySettings
+from tuner.storage.schema import Base, RequestRow, RunRow, ScheduleRunRow, StudyRow, TraceRow, TrialRow
 from tuner.storage.urls import redact_url
 from tuner.errors import NotFound, TunerError
 from tuner.paths import shipped_root
@@ -225,3 +225,32 @@ class Repository:
             study = self._study_row(session, study_name)
             rows = session.scalars(select(RunRow).where(RunRow.study_id == study.id).order_by(RunRow.id))
             return [StoredRun.from_dict({**_columns(row), "study_name": study.name}) for row in rows]
+
+    # Schedules' runs
+
+    def save_schedule_run(self, run: StoredScheduleRun) -> StoredScheduleRun:
+        """Store a schedule's run, or update it where it has a row's id already (it ends with its summary);
+        returns it with its row's id."""
+        with self._transaction() as session:
+            if run.id is None:
+                row = ScheduleRunRow(**run.to_dict())
+                session.add(row)
+                session.flush()
+                return StoredScheduleRun.from_dict({**run.to_dict(), "id": row.id})
+            row = session.get_one(ScheduleRunRow, run.id)
+            for key, value in run.to_dict().items():
+                setattr(row, key, value)
+            return run
+
+    def schedule_runs(self, schedule: str, limit: int | None = None) -> list[StoredScheduleRun]:
+        """The schedule's runs, the latest first (also those of a schedule since removed)."""
+        with self._transaction() as session:
+            rows = session.scalars(select(ScheduleRunRow).where(ScheduleRunRow.schedule == schedule)
+                                   .order_by(ScheduleRunRow.id.desc()).limit(limit))
+            return [StoredScheduleRun.from_dict(_columns(row)) for row in rows]
+
+    def end_schedule_runs(self, was: str, state: str, finished_at: str) -> None:
+        """End every schedule's run still in state `was`: put it in `state`, ended at `finished_at`."""
+        with self._transaction() as session:
+            session.execute(update(ScheduleRunRow).where(ScheduleRunRow.state == was)
+                            .values(state=state, finished_at=finished_at))

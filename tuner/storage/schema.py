@@ -148,7 +148,7 @@ class RunRow(Base):
 
 
 class ScheduleRunRow(Base):
-    """One run of a schedule (tuner.schedules writes it) and its morning summary."""
+    """One run of a schedule and its morning summary (a StoredScheduleRun's `to_dict`)."""
 
     __tablename__ = "tuner_schedule_runs"
 
