@@ -25,9 +25,10 @@ from tuner.replicas import HOURS
 from tuner.runs import RunBook, RunRecord
 from tuner.schedules import ScheduleBook
 from tuner.storage import TrialState, ValidationMark
-from tuner.studies import (Answer, CapacityAnswer, Enqueued, JsonObject, LocalStudies, NoRecommendation, Number,
-                           PlanAnswer, RecommendationAnswer, ReportAnswer, ScoreAnswer, SpendAnswer, StatedContext,
-                           StudyCreated, StudyListing, StudyRequest, StudyStatus)
+from tuner.answers import (Answer, CapacityAnswer, Enqueued, JsonObject, Number, PlanAnswer, RecommendationAnswer,
+                           ReportAnswer, ScoreAnswer, SpendAnswer, StatedContext, StudyCreated, StudyListing,
+                           StudyStatus)
+from tuner.studies import LocalStudies, NoRecommendation, StudyRequest
 from tuner.study.capacity_plan import PlanOptions
 from tuner.study.plan import StoragePlan
 from tuner.supervisor import STOP_GRACE_S, RunState

@@ -12,8 +12,9 @@ import httpx
 from tuner.api_token import read_token
 from tuner.errors import NotFound, TunerError
 from tuner.runs import RunRecord
-from tuner.studies import (Enqueued, NoRecommendation, PlanAnswer, RecommendationAnswer, ReportAnswer, StudyCreated,
-                           StudyListing, StudyRequest, StudyStatus)
+from tuner.answers import (Enqueued, PlanAnswer, RecommendationAnswer, ReportAnswer, StudyCreated, StudyListing,
+                           StudyStatus)
+from tuner.studies import NoRecommendation, StudyRequest
 
 if TYPE_CHECKING:
     from tuner.study.capacity_plan import PlanOptions

@@ -122,7 +122,7 @@ def test_the_edge_probe_is_the_lowest_above_the_capacity_that_did_not_pass():
 def test_status_lines_state_the_default_s_limit():
     from tuner.cli.present import default_line
     from tuner.scoring import Score
-    from tuner.studies import BaselineAnswer
+    from tuner.answers import BaselineAnswer
 
     held = diagnose(_m(running_peak=16.0, waiting_peak=7.0, queue_s_p95=2.0), CAPS).to_dict()
     score = Score(4.0, 1.0, 10.0, 1.0, {}, []).to_dict()

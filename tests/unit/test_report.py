@@ -21,7 +21,7 @@ from tuner.traces.records import Trace, TraceFit, TraceRequest
 from tuner.traces.selection import TraceSelection
 from tuner.workers.trial import TrialTrace
 from tuner.cli.present import report_trial_line
-from tuner.studies import TrialRowAnswer
+from tuner.answers import TrialRowAnswer
 from tuner.workers.engine_config import EngineConfig
 from tuner.workers.measure import Measurement, Percentiles, TrialTimings
 from tuner.workers.request_record import Outcome, RequestRecord
@@ -543,7 +543,7 @@ def test_compare_table_puts_the_values_side_by_side():
 
 def test_one_gain_sentence_for_the_report_and_the_command_line():
     from tuner.describe import recommendation_dict
-    from tuner.studies import RecommendationAnswer
+    from tuner.answers import RecommendationAnswer
     from tuner.validation import Arm, ArmResult, Validation
 
     data = report_data()
@@ -622,7 +622,7 @@ def test_trial_table_names_the_metrics_vllm_did_not_report(unreported, shown):
 
 def test_a_recommendation_in_fp8_says_so_and_shows_the_best_at_the_models_own_precision(capsys):
     from tuner.describe import recommendation_dict
-    from tuner.studies import RecommendationAnswer
+    from tuner.answers import RecommendationAnswer
     from tuner.study.recommendation import own_precision_best
     from tuner.validation import Arm, ArmResult, Validation
 

@@ -19,10 +19,10 @@ from tuner.scoring import Score, capacity_line
 from tuner.study.recommendation import capacity_sentence, gain_sentence
 
 if TYPE_CHECKING:
-    from tuner.scoring import Capacity
-    from tuner.studies import (BaselineAnswer, BestSoFar, LimitingResourceAnswer, MeasuredCapacityAnswer, PlanAnswer,
+    from tuner.answers import (BaselineAnswer, BestSoFar, LimitingResourceAnswer, MeasuredCapacityAnswer, PlanAnswer,
                                ProbeLengthAnswer, RecommendationAnswer, ReplicaCountAnswer, ReportAnswer,
                                TrialRowAnswer)
+    from tuner.scoring import Capacity
     from tuner.study.events import TrialSummary
     from tuner.workers.probes import Probe
 
@@ -168,7 +168,7 @@ def print_recommendation(rec: RecommendationAnswer) -> None:
     """The recommended `vllm serve` command with its boundary, machine, vLLM, trace and measurement, then the
     gain sentence."""
     # lazy: keeps the CLI's start fast (the answers' pydantic models)
-    from tuner.studies import ScoreAnswer
+    from tuner.answers import ScoreAnswer
 
     # The recommendation's records, as stored: the answer carries them in their stored shapes.
     m, score = rec.measurement, Score.from_dict(rec.score.to_dict())

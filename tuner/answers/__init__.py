@@ -1,0 +1,28 @@
+"""What the study commands and the service answer, as pydantic models: `parts`, each the JSON of one record, and
+`study`, the answers built of them."""
+
+from tuner.answers.parts import (Answer, BoundaryAnswer, CapacityAnswer, ConfigurationPlanAnswer, DayPlanAnswer, Empty,
+                                 GainAnswer, GpuTimeAnswer, HardwareAnswer, JsonObject,
+                                 LimitingResourceAnswer, MeasuredCapacityAnswer,
+                                 MeasurementSummary, ModelAnswer, Number, PeakAnswer,
+                                 PercentilesAnswer, PlanAnswer, ProbeLengthAnswer,
+                                 RejectionAnswer, ReplicaCountAnswer, ScoreAnswer,
+                                 SpendAnswer, TraceAnswer, TraceSelectionAnswer,
+                                 TrafficAnswer, TrialSpendAnswer, ValidationAnswer,
+                                 ValidationArmAnswer)
+from tuner.answers.study import (BaselineAnswer, BestSoFar, Enqueued, MachineAnswer, OwnPrecisionAnswer,
+                                 RecommendationAnswer, RecommendedConfig, ReportAnswer,
+                                 ReportSummary, SideBySideAnswer, StatedContext,
+                                 StudyCreated, StudyListing, StudyStatus,
+                                 TrialRowAnswer, TrialScore, WarmStartAnswer)
+
+__all__ = ["Answer", "BaselineAnswer", "BestSoFar", "BoundaryAnswer", "CapacityAnswer", "ConfigurationPlanAnswer",
+           "DayPlanAnswer", "Empty", "Enqueued", "GainAnswer", "GpuTimeAnswer", "HardwareAnswer",
+           "JsonObject", "LimitingResourceAnswer", "MachineAnswer", "MeasuredCapacityAnswer",
+           "MeasurementSummary", "ModelAnswer", "Number", "OwnPrecisionAnswer", "PeakAnswer",
+           "PercentilesAnswer", "PlanAnswer", "ProbeLengthAnswer", "RecommendationAnswer",
+           "RecommendedConfig", "RejectionAnswer", "ReplicaCountAnswer", "ReportAnswer", "ReportSummary",
+           "ScoreAnswer", "SideBySideAnswer", "SpendAnswer", "StatedContext", "StudyCreated",
+           "StudyListing", "StudyStatus", "TraceAnswer", "TraceSelectionAnswer", "TrafficAnswer",
+           "TrialRowAnswer", "TrialScore", "TrialSpendAnswer", "ValidationAnswer", "ValidationArmAnswer",
+           "WarmStartAnswer"]
