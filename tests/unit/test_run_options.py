@@ -1,5 +1,5 @@
-"""A run's options, declared once (`tuner.supervisor.RunRequest`): each field is an option of `tuner study run`, and
-the argv a service or a schedule starts a run's child with reads back as the request it came from."""
+"""The run's and the study's options, each declared once (`tuner.supervisor.RunRequest`, `tuner.studies.StudyRequest`):
+each field is an option of its command, and what the command builds or hands on reads back as the record."""
 
 from __future__ import annotations
 
@@ -7,8 +7,10 @@ import sys
 from pathlib import Path
 
 import typer
+from typer.testing import CliRunner
 
 from tuner.cli import app
+from tuner.studies import StudyRequest
 from tuner.supervisor import RunRequest, run_option, study_run_argv
 
 
@@ -39,3 +41,30 @@ def test_options_left_unset_are_left_to_the_command_and_flags_are_given_either_w
     assert argv[6:] == ["--json", "--window", "5.0", "--prune", "--validate", "--top", "1", "--repeats", "2"]
     given = study_run_command().make_context("run", argv[5:]).params
     assert (given["trials"], given["window"], given["events"]) == (None, "5.0", None)
+
+
+def test_each_field_of_a_study_request_is_a_parameter_of_tuner_study_create():
+    study = typer.main.get_command(app).commands["study"]
+    params = {param.name for param in study.commands["create"].params}
+    assert set(StudyRequest.model_fields) <= params
+
+
+def test_tuner_study_create_asks_for_the_study_its_options_give(monkeypatch, tmp_path):
+    asked: list[StudyRequest] = []
+
+    class Answers:
+        def create(self, request: StudyRequest):
+            asked.append(request)
+            raise typer.Exit(0)
+
+    monkeypatch.setattr("tuner.cli.study.study_answers", lambda *where: Answers())
+    result = CliRunner().invoke(app, ["study", "create", "s1", "--model", str(tmp_path / "m"), "--trace-latest",
+                                      str(tmp_path), "--limit", "ttft_p95_s=1", "--limit", "e2e_p95_s=none",
+                                      "--request-timeout", "30", "--spread", "--allow-fp8", "--probe-budget", "4",
+                                      "--json"])
+    assert result.exit_code == 0, result.output
+    assert asked == [StudyRequest(name="s1", model=str(tmp_path / "m"), trace_latest=str(tmp_path),
+                                  limits=["ttft_p95_s=1", "e2e_p95_s=none"], request_timeout_s=30.0, spread=True,
+                                  allow_fp8=True, probe_budget=4)]
+    refused = CliRunner().invoke(app, ["study", "create", "x" * 201])
+    assert str(refused.exception) == "name: String should have at most 200 characters"  # as before: bad usage
