@@ -13,7 +13,7 @@ from tuner.errors import NotFound
 from tuner.study.budget import BudgetPlan
 from tuner.study.events import (BudgetPlanned, RunReport, TrialDone, TrialStarted, TrialSummary, logged_dict,
                                 read_event_line)
-from tuner.supervisor import RunState, StudyRunChild, run_env, study_run_argv
+from tuner.supervisor import RunRequest, RunState, StudyRunChild, run_env, study_run_argv
 
 EVENTS_FILE = "events.jsonl"  # what the run writes as it goes: one JSON line per trial started or done
 
@@ -103,18 +103,14 @@ class RunBook:
         self._runs: dict[str, _Run] = {}
         self._lock = threading.Lock()
 
-    def start(self, study: str, trials: int | None, *, parallel: int | None = None, timeout_s: float | None = None,
-              window_s: float | None = None, budget_s: float | None = None, prune: bool = True,
-              validate: bool = True, top: int = 1, repeats: int = 2) -> RunRecord:
-        """Start `tuner study run` for `study` as a child process with these options, its events in a folder of its own;
-        the new run's record. The run goes on in the background."""
+    def start(self, study: str, request: RunRequest) -> RunRecord:
+        """Start `tuner study run` for `study` as a child process with the request's options, its events in a folder of
+        its own; the new run's record. The run goes on in the background."""
         run_id = uuid.uuid4().hex[:12]
         folder = self.runs_dir / run_id
         folder.mkdir(parents=True)
-        record = RunRecord(run_id, study, trials, time.time())
-        argv = study_run_argv(study, trials=trials, window_s=window_s, timeout_s=timeout_s, budget_s=budget_s,
-                              parallel=parallel, prune=prune, validate=validate, top=top, repeats=repeats,
-                              events=folder / EVENTS_FILE)
+        record = RunRecord(run_id, study, request.trials, time.time())
+        argv = study_run_argv(study, request, events=folder / EVENTS_FILE)
         run = _Run(record, StudyRunChild.start(argv, run_env(self.plan), folder))
         with self._lock:
             self._runs[run_id] = run

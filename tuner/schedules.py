@@ -40,7 +40,7 @@ from tuner.storage import StoredScheduleRun
 from tuner.storage.schema import SCHEDULE_JOBS_TABLE
 from tuner.study.plan import StoragePlan, load_optuna_study
 from tuner.study.recommendation import recommend
-from tuner.supervisor import RunState, StudyRunChild, run_env, study_run_argv
+from tuner.supervisor import RunRequest, RunState, StudyRunChild, run_env, study_run_argv
 
 POLL_S = 5.0  # how often the host looks for schedules that other processes added or made due
 # A run's `tuner study run` stops its own trials at the window's end; this long past it, it is told to stop.
@@ -304,7 +304,9 @@ class ScheduleBook:
         left_s = (window_end - self._now()).total_seconds()
         if left_s <= 0:
             return RunState.FINISHED, "the window had ended before the run could start", None
-        argv = study_run_argv(study, trials=trials, window_s=round(left_s, 3))
+        # Checked when the schedule was added: the request's limits guard the service's API, not a schedule.
+        request = RunRequest.model_construct(trials=trials, window_s=round(left_s, 3))
+        argv = study_run_argv(study, request)
         with tempfile.TemporaryDirectory(prefix="tuner-schedule-run-") as folder:
             self._child = child = StudyRunChild.start(argv, run_env(self.plan), Path(folder))
             if self._stopping.is_set():  # shutdown() began before it could see this child

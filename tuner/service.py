@@ -31,7 +31,7 @@ from tuner.answers import (Answer, CapacityAnswer, Enqueued, JsonObject, Number,
 from tuner.studies import LocalStudies, NoRecommendation, StudyRequest
 from tuner.study.capacity_plan import PlanOptions
 from tuner.study.plan import StoragePlan
-from tuner.supervisor import STOP_GRACE_S, RunState
+from tuner.supervisor import STOP_GRACE_S, RunRequest, RunState
 
 APP_NAME = "tuner"
 BEARER = HTTPBearer(auto_error=False)
@@ -51,23 +51,6 @@ class ServiceConfig:
     artifacts: str | None
     token: str | None = field(repr=False)
     ray_address: str | None  # the cluster the service's runs join
-
-
-class RunRequest(BaseModel):
-    """The options of `tuner study run`."""
-
-    trials: Optional[int] = Field(None, ge=1, le=100_000, description="Default: 8, or with window_s as many as fit.")
-    parallel: Optional[int] = Field(None, ge=1, le=4096)
-    timeout_s: Optional[float] = Field(None, gt=0, le=1e8, description="Start no trial that would end later.")
-    window_s: Optional[float] = Field(None, gt=0, le=1e8, description="As timeout_s, and stop any trial still "
-                                                                       "running at its end.")
-    budget_s: Optional[float] = Field(None, gt=0, le=1e9, description="Slot time (GPU time) the run may spend, "
-                                                                       "summed over its slots, validation included.")
-    prune: bool = True
-    validate_: bool = Field(True, alias="validate", description="Then validate the best configurations against "
-                                                                "vLLM's default (`tuner study validate`).")
-    top: int = Field(1, ge=1, le=100, description="Configurations to validate.")
-    repeats: int = Field(2, ge=2, le=100, description="Launches of each validated configuration and of the default.")
 
 
 class ScheduleRequest(BaseModel):
@@ -357,10 +340,7 @@ def build_api(studies: LocalStudies, runs: RunBook, schedules: ScheduleBook, tok
         studies.status(name)  # a clear 404 now rather than a failed run later
         if request.timeout_s is not None and request.window_s is not None:
             raise TunerError("give timeout_s or window_s, not both")
-        return RunAnswer.of(runs.start(name, request.trials, parallel=request.parallel, timeout_s=request.timeout_s,
-                                       window_s=request.window_s, budget_s=request.budget_s, prune=request.prune,
-                                       validate=request.validate_,
-                                       top=request.top, repeats=request.repeats))
+        return RunAnswer.of(runs.start(name, request))
 
     @api.get("/runs", tags=["runs"], dependencies=guarded)
     def list_runs() -> list[RunAnswer]:

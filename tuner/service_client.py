@@ -15,6 +15,7 @@ from tuner.runs import RunRecord
 from tuner.answers import (Enqueued, PlanAnswer, RecommendationAnswer, ReportAnswer, StudyCreated, StudyListing,
                            StudyStatus)
 from tuner.studies import NoRecommendation, StudyRequest
+from tuner.supervisor import RunRequest
 
 if TYPE_CHECKING:
     from tuner.study.capacity_plan import PlanOptions
@@ -112,16 +113,10 @@ class RemoteStudies:
 
     # Runs: started on the service, followed by polling.
 
-    def start_run(self, name: str, trials: int | None, parallel: int | None, timeout_s: float | None,
-                  window_s: float | None, prune: bool, validate: bool = True, top: int = 1,
-                  repeats: int = 2, budget_s: float | None = None) -> RunRecord:
-        """Start `tuner study run` on the service with these options; the new run's record."""
+    def start_run(self, name: str, request: RunRequest) -> RunRecord:
+        """Start `tuner study run` on the service with the request's options; the new run's record."""
         return RunRecord.from_dict(self.client.json("POST", f"/studies/{_quote(name)}/runs",
-                                                    json={"trials": trials, "parallel": parallel,
-                                                          "timeout_s": timeout_s, "window_s": window_s,
-                                                          "budget_s": budget_s,
-                                                          "prune": prune, "validate": validate, "top": top,
-                                                          "repeats": repeats}))
+                                                    json=request.model_dump(by_alias=True)))
 
     def run(self, run_id: str) -> RunRecord:
         """The run's record as it stands now; NotFound for an id the service does not know."""

@@ -42,6 +42,8 @@ class NoRecommendation(TunerError):
 class StudyRequest(BaseModel):
     """A study to create: the options of `tuner study create`. Paths are read where the study is created."""
 
+    # Declared once: `tuner study create` fills it from its parameters of the same names, the service takes it as
+    # its request body, and its client sends it.
     name: str = Field(min_length=1, max_length=200)
     model: Optional[str] = None
     trace: Optional[str] = None

@@ -18,8 +18,12 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
+from typing import Optional
+
+from pydantic import BaseModel, Field
 
 from tuner.study.events import RunReport
+from tuner.validation import DEFAULT_REPEATS, DEFAULT_TOP
 from tuner.workers.tied import tied_to_this_thread
 
 STOP_GRACE_S = 60.0  # a child told to stop gets this long to stop its engines and record its trials, then is killed
@@ -66,18 +70,45 @@ def run_env(plan) -> dict[str, str]:
     return {**os.environ, "TUNER_STORAGE": plan.url, "TUNER_ARTIFACTS": str(plan.artifact_dir)}
 
 
-def study_run_argv(study: str, *, trials: int | None = None, window_s: float | None = None,
-                   timeout_s: float | None = None, budget_s: float | None = None, parallel: int | None = None,
-                   prune: bool = True, validate: bool = True, top: int | None = None, repeats: int | None = None,
-                   events: Path | None = None) -> list[str]:
-    """`tuner study run` with --json, as a process of its own."""
-    argv = [sys.executable, "-m", "tuner", "study", "run", study, "--json", "--prune" if prune else "--no-prune",
-            "--validate" if validate else "--no-validate"]
-    for option, value in (("--trials", trials), ("--window", window_s), ("--timeout", timeout_s),
-                          ("--budget", budget_s), ("--parallel", parallel), ("--top", top), ("--repeats", repeats),
-                          ("--events", events)):
-        if value is not None:
+class RunRequest(BaseModel):
+    """The options of `tuner study run`."""
+
+    # Declared once for every way a run is asked for: the command line builds it, the service takes it as its
+    # request body, its client sends it, and a run's child gets it back as options (`study_run_argv`). Each field
+    # is the option of its name, a field in seconds (`_s`) the option without the suffix.
+    trials: Optional[int] = Field(None, ge=1, le=100_000, description="Default: 8, or with window_s as many as fit.")
+    parallel: Optional[int] = Field(None, ge=1, le=4096)
+    timeout_s: Optional[float] = Field(None, gt=0, le=1e8, description="Start no trial that would end later.")
+    window_s: Optional[float] = Field(None, gt=0, le=1e8, description="As timeout_s, and stop any trial still "
+                                                                       "running at its end.")
+    budget_s: Optional[float] = Field(None, gt=0, le=1e9, description="Slot time (GPU time) the run may spend, "
+                                                                       "summed over its slots, validation included.")
+    prune: bool = True
+    # `validate` itself would shadow BaseModel.validate; the JSON and the option keep the plain name.
+    validate_: bool = Field(True, alias="validate", description="Then validate the best configurations against "
+                                                                "vLLM's default (`tuner study validate`).")
+    top: int = Field(DEFAULT_TOP, ge=1, le=100, description="Configurations to validate.")
+    repeats: int = Field(DEFAULT_REPEATS, ge=2, le=100, description="Launches of each validated configuration and "
+                                                                    "of the default.")
+
+
+def run_option(field: str) -> str:
+    """The `tuner study run` option a RunRequest field (by its alias, if it has one) is given as."""
+    return "--" + field.removesuffix("_s").replace("_", "-")
+
+
+def study_run_argv(study: str, request: RunRequest, events: Path | None = None) -> list[str]:
+    """`tuner study run` with --json and the request's options, as a process of its own; it appends each trial's
+    start and end to `events`, if given. Options left unset (None) take the command's own defaults."""
+    argv = [sys.executable, "-m", "tuner", "study", "run", study, "--json"]
+    for field, value in request.model_dump(by_alias=True, exclude_none=True).items():
+        option = run_option(field)
+        if isinstance(value, bool):  # a flag: --prune or --no-prune
+            argv.append(option if value else option.replace("--", "--no-", 1))
+        else:
             argv += [option, str(value)]
+    if events is not None:
+        argv += ["--events", str(events)]
     return argv
 
 

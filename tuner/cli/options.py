@@ -41,15 +41,17 @@ ReplayedTraceOption = Annotated[Optional[Path], typer.Option(
     help="Trace file to replay; default: the bundled cut of the Azure 2023 conversation trace.")]
 SetOption = Annotated[list[str], typer.Option("--set", help="Engine setting NAME=VALUE (repeatable).")]
 EngineArgOption = Annotated[list[str], typer.Option(help="Extra vLLM flag passed as is (repeatable).")]
-StartupTimeoutOption = Annotated[float, typer.Option(help="Seconds to wait for a healthy server.")]
-RequestTimeoutOption = Annotated[float, typer.Option(help="Seconds one request may take.")]
+# Named here, not by the parameter: in `study create` the parameter is named as the StudyRequest field it fills.
+StartupTimeoutOption = Annotated[float, typer.Option("--startup-timeout", help="Seconds to wait for a healthy server.")]
+RequestTimeoutOption = Annotated[float, typer.Option("--request-timeout", help="Seconds one request may take.")]
 PromptSeedOption = Annotated[int, typer.Option(help="Seed of the synthetic prompts.")]
 BOUNDARY_HELP = ("interactive (p95 TTFT 2 s, p95 end-to-end 30 s), long-prompt (p95 TTFT 0.5 s per 1,000 prompt "
                  "tokens, p95 end-to-end 60 s) or batch (every request served within twice the trace's span)")
 BoundaryOption = Annotated[str, typer.Option(help=f"{BOUNDARY_HELP}: the boundary each replay is judged against (in a "
                                                   "load search, what a probe must meet to pass).")]
-LimitOption = Annotated[list[str], typer.Option(help="Override a boundary limit, NAME=VALUE or NAME=none "
-                                                     "(repeatable).")]
+# Named here, as the timeouts above.
+LimitOption = Annotated[list[str], typer.Option("--limit", help="Override a boundary limit, NAME=VALUE or NAME=none "
+                                                              "(repeatable).")]
 
 # What a search space is derived from (`tuner study create`, `tuner space suggest`).
 ModelOption = Annotated[Optional[Path], typer.Option(help="Model folder; default: the tiny model.")]

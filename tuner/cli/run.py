@@ -25,23 +25,18 @@ from tuner.validation import DEFAULT_REPEATS, DEFAULT_TOP
 if TYPE_CHECKING:  # annotations only: the commands load what they run when they run
     from tuner.study.budget import BudgetPlan
     from tuner.study.events import RunEvent, RunReport, TrialStarted, TrialSummary
+    from tuner.supervisor import RunRequest
 
 
 @dataclass(frozen=True)
 class RunSettings:
-    """What one `tuner study run` was asked for, its time limits resolved to clock times (epoch seconds)."""
+    """What one `tuner study run` was asked for: the run's options, as a service's run takes them too, its time
+    limits resolved to clock times (epoch seconds), and where it runs."""
 
     name: str
-    trials: int | None  # None: as many as fit before stop_at
-    parallel: int | None  # None: every free slot
-    prune: bool
-    validate: bool  # validate the best configurations against vLLM's default once the trials are done
-    top: int  # finalists to validate
-    repeats: int  # launches of each, and of the default
-    deadline: float | None  # start no trial that would end after this
+    request: RunRequest  # trials None: as many as fit before stop_at; parallel None: every free slot
+    deadline: float | None  # request.timeout_s as a clock time: start no trial that would end after this
     stop_at: float | None  # the --window's end: trials still running then are stopped
-    window_s: float | None
-    budget_s: float | None  # slot time (GPU time) the run may spend, summed over slots, validation included
     # A run here:
     ray_address: str | None
     heartbeat_s: int
@@ -52,7 +47,9 @@ class RunSettings:
     # A run on a service:
     server: str | None
     token_file: Path | None
-    pairing: bool = True  # validate paired on one GPU where the platform offers it (`tuner.validation.pairing`)
+    # Validate paired on one GPU where the platform offers it (`tuner.validation.pairing`). A run here only:
+    # the service's request has no such option, and its runs pair where they can.
+    pairing: bool = True
 
 
 class RunProgress:
@@ -143,6 +140,9 @@ def study_run(
     boundary; then validate the best against vLLM's default (unless --no-validate). SIGINT or SIGTERM stops the
     trials in flight and records them as stopped (a second one does not wait for that); the run then exits
     130."""
+    # lazy: keeps the CLI's start fast (pydantic)
+    from tuner.supervisor import RunRequest
+
     if server:
         # The service's runs join its own Ray cluster with its own heartbeat settings. RAY_ADDRESS from the
         # environment is left alone: only what was typed on this command line is refused.
@@ -162,12 +162,17 @@ def study_run(
     deadline = _deadline(timeout, until)
     if trials is None and stop_at is None and budget_s is None:
         trials = 8
-    settings = RunSettings(name=name, trials=trials, parallel=parallel, prune=prune, validate=validate, top=top,
-                           repeats=repeats, deadline=deadline, stop_at=stop_at, window_s=window_s, budget_s=budget_s,
-                           ray_address=ray_address, heartbeat_s=heartbeat, grace_s=grace, storage=storage,
-                           artifacts=artifacts, events=events, server=server, token_file=token_file, pairing=pairing)
+    # Unchecked against the request's limits, which guard the service's API: a run here takes what typer allows,
+    # and a service checks what it is sent. The service's clock may differ from ours: it is sent the time left.
+    request = RunRequest.model_construct(trials=trials, parallel=parallel,
+                                         timeout_s=None if deadline is None else deadline - time.time(),
+                                         window_s=window_s, budget_s=budget_s, prune=prune, validate=validate,
+                                         top=top, repeats=repeats)
+    settings = RunSettings(name=name, request=request, deadline=deadline, stop_at=stop_at, ray_address=ray_address,
+                           heartbeat_s=heartbeat, grace_s=grace, storage=storage, artifacts=artifacts, events=events,
+                           server=server, token_file=token_file, pairing=pairing)
     with progress_bar(as_json) as progress:
-        shown = RunProgress(progress, name, trials, as_json)
+        shown = RunProgress(progress, name, request.trials, as_json)
         result = _run_on_service(settings, shown) if server else _run_here(settings, shown)
     _print_report(result, name, as_json)
     if shown.signalled:
@@ -203,13 +208,17 @@ def study_validate(
     vLLM's sleep mode: one engine each, taking turns, round by round); then state the best's gain over the default
     with its 95% interval, or that the default should be kept, and how the launches ran. Validation trials do not
     count as search trials. SIGINT or SIGTERM stops it as it stops `study run`."""
-    settings = RunSettings(name=name, trials=0, parallel=parallel, prune=True, validate=True, top=top,
-                           repeats=repeats, deadline=_deadline(timeout, None), stop_at=None, window_s=None,
-                           budget_s=None, ray_address=ray_address, heartbeat_s=30, grace_s=90, storage=storage,
-                           artifacts=artifacts, events=None, server=None, token_file=None, pairing=pairing)
+    # lazy: keeps the CLI's start fast (pydantic)
+    from tuner.supervisor import RunRequest
+
+    deadline = _deadline(timeout, None)
+    request = RunRequest.model_construct(parallel=parallel, timeout_s=timeout, top=top, repeats=repeats)
+    settings = RunSettings(name=name, request=request, deadline=deadline, stop_at=None, ray_address=ray_address,
+                           heartbeat_s=30, grace_s=90, storage=storage, artifacts=artifacts, events=None, server=None,
+                           token_file=None, pairing=pairing)
     with progress_bar(as_json) as progress:
         shown = RunProgress(progress, name, None, as_json)
-        result = _run_here(settings, shown, against_itself=against_itself)
+        result = _run_here(settings, shown, validation_only=True, against_itself=against_itself)
     _print_report(result, name, as_json)
     if shown.signalled:
         raise typer.Exit(130)
@@ -229,8 +238,10 @@ def _stop_on_signals(stop_run: Callable[[str], None], signalled: list[str]) -> d
     return {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
 
 
-def _run_here(settings: RunSettings, shown: RunProgress, *, against_itself: bool = False) -> RunReport:
-    """Run the trials on Ray workers from this process, then the validation if asked."""
+def _run_here(settings: RunSettings, shown: RunProgress, *, validation_only: bool = False,
+              against_itself: bool = False) -> RunReport:
+    """Run the trials on Ray workers from this process, then the validation if asked; only the validation for
+    `study validate`."""
     # lazy: keeps the CLI's start fast (Ray; and the run's own modules, budget and events: ~10 ms)
     from tuner.study.budget import RunBudget
     from tuner.study.events import (BUDGET_KEPT, BUDGET_SPENT, BudgetPlanned, LoggedEvent, PoolReady, RunReport,
@@ -263,26 +274,27 @@ def _run_here(settings: RunSettings, shown: RunProgress, *, against_itself: bool
                 record(event)
                 shown.done(summary)
 
-    runner = StudyRunner(settings.name, plan, prune=settings.prune, parallel=settings.parallel,
+    request = settings.request
+    runner = StudyRunner(settings.name, plan, prune=request.prune, parallel=request.parallel,
                          ray_address=settings.ray_address, on_event=on_event)
     # A window plans as a budget does: the search keeps the validation's time.
-    budget = RunBudget(time.time(), settings.budget_s, settings.stop_at,
-                       (settings.top + 1) * settings.repeats if settings.validate else 0,
-                       settings.top + 1 if settings.validate else 0, settings.pairing) \
-        if settings.budget_s is not None or settings.stop_at is not None else None
+    budget = RunBudget(time.time(), request.budget_s, settings.stop_at,
+                       (request.top + 1) * request.repeats if request.validate_ else 0,
+                       request.top + 1 if request.validate_ else 0, settings.pairing) \
+        if request.budget_s is not None or settings.stop_at is not None else None
     try:
-        report = runner.run(settings.trials, settings.deadline, stop_at=settings.stop_at, budget=budget) \
-            if settings.trials != 0 else RunReport()
+        report = runner.run(request.trials, settings.deadline, stop_at=settings.stop_at, budget=budget) \
+            if not validation_only else RunReport()
         # A search that stopped to keep the validation's time goes on to it.
-        if settings.validate and report.stopped_early in (None, BUDGET_KEPT, BUDGET_SPENT) and not shown.signalled:
+        if request.validate_ and report.stopped_early in (None, BUDGET_KEPT, BUDGET_SPENT) and not shown.signalled:
             what = "vLLM's default against itself" if against_itself else "the best against vLLM's default"
-            shown.describe(f"study {settings.name}: validating {what}, {settings.repeats} launches each")
+            shown.describe(f"study {settings.name}: validating {what}, {request.repeats} launches each")
             try:
-                validation, checked = runner.validate(settings.top, settings.repeats, against_itself=against_itself,
+                validation, checked = runner.validate(request.top, request.repeats, against_itself=against_itself,
                                                       deadline=settings.deadline, stop_at=settings.stop_at,
                                                       budget=budget, paired=settings.pairing)
             except NothingToValidate as exc:
-                if settings.trials == 0:  # asked for by `study validate` itself: an error, not a note
+                if validation_only:  # asked for by `study validate` itself: an error, not a note
                     raise
                 report.validation = f"not validated: {exc}"
             else:
@@ -310,10 +322,7 @@ def _run_on_service(settings: RunSettings, shown: RunProgress) -> RunReport:
 
     name, server = settings.name, settings.server
     studies = remote_studies(server, settings.token_file)
-    # The service's clock may differ from ours: it is sent the time left.
-    timeout_s = None if settings.deadline is None else settings.deadline - time.time()
-    run = studies.start_run(name, settings.trials, settings.parallel, timeout_s, settings.window_s, settings.prune,
-                            settings.validate, settings.top, settings.repeats, settings.budget_s)
+    run = studies.start_run(name, settings.request)
     shown.describe(f"study {name} on {server} (run {run.id})")
     # The handler only notes the stop and the loop sends it: an HTTP call from within the handler could cut into
     # the loop's own request.

@@ -26,6 +26,7 @@ study_app = typer.Typer(help="Studies: a search over engine configurations, meas
 
 @study_app.command("create")
 def study_create(
+    ctx: typer.Context,
     name: Annotated[str, typer.Argument(help="A name for the study.")],
     model: ModelOption = None,
     trace: Annotated[Optional[Path], typer.Option(help="Trace file; default: the bundled demo (the Azure cut's first "
@@ -41,7 +42,7 @@ def study_create(
                                             "model, this machine and the trace: see `tuner space suggest`).")
                      ] = "cpu-small",
     boundary: Annotated[str, typer.Option(help=f"{BOUNDARY_HELP}.")] = "interactive",
-    limit: LimitOption = [],
+    limits: LimitOption = [],
     window: Annotated[Optional[str], typer.Option(help="START:END seconds of the trace.")] = None,
     rate_scale: Annotated[Optional[float], typer.Option(help="Multiply the arrival rate.")] = None,
     max_requests: Annotated[Optional[int], typer.Option(help="Keep the first N requests.")] = None,
@@ -50,7 +51,7 @@ def study_create(
     sampler: Annotated[str, typer.Option(help="bottleneck (relieves what vLLM's figures show holds the best "
                                                "trials back, TPE otherwise), tpe, random or nsga2.")] = "bottleneck",
     seed: Annotated[Optional[int], typer.Option(help="Sampler seed.")] = None,
-    request_timeout: RequestTimeoutOption = 600.0, startup_timeout: StartupTimeoutOption = 600.0,
+    request_timeout_s: RequestTimeoutOption = 600.0, startup_timeout_s: StartupTimeoutOption = 600.0,
     load: LoadOption = "search",
     precision: Annotated[Optional[float], typer.Option(help="The load search ends once its bracket is within this "
                                                             "share: default 0.1 (10%), 0.25 for the bundled demo "
@@ -75,14 +76,11 @@ def study_create(
 
     if trace is not None and trace_latest is not None:
         raise typer.BadParameter("give --trace or --trace-latest, not both")
+    # Each field of the request is the parameter of its name; the others (where to ask, --json) it ignores. Paths
+    # go as given: they are read where the study is created.
+    given = {param: str(value) if isinstance(value, Path) else value for param, value in ctx.params.items()}
     try:
-        request = StudyRequest(name=name, model=str(model) if model else None, trace=str(trace) if trace else None,
-                               trace_latest=str(trace_latest) if trace_latest else None, warm_from=warm_from,
-                               space=space, boundary=boundary, limits=limit, window=window, rate_scale=rate_scale,
-                               max_requests=max_requests, fit=fit, spread=spread, sampler=sampler, seed=seed,
-                               request_timeout_s=request_timeout, startup_timeout_s=startup_timeout, load=load,
-                               precision=precision, probe_budget=probe_budget, load_range=load_range,
-                               probe_requests=probe_requests, probe_seconds=probe_seconds, allow_fp8=allow_fp8)
+        request = StudyRequest.model_validate(given)
     except ValidationError as exc:  # the request's own limits (a name of 1 to 200 characters): bad usage
         first = exc.errors()[0]
         raise TunerError(f"{'.'.join(map(str, first['loc']))}: {first['msg']}") from None
