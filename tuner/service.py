@@ -12,26 +12,24 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Annotated, Literal, Optional, Union
+from typing import Annotated, Optional
 
 from fastapi import Depends, FastAPI, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, Field
 
+from tuner.answers import Enqueued, PlanAnswer, RecommendationAnswer, ReportAnswer, StudyCreated, StudyListing
+from tuner.answers.runs import Health, Removed, RunAnswer, ScheduleAnswer, ScheduleRunWithSummary, StudyWithRuns
 from tuner.durations import parse_duration
 from tuner.errors import NotFound, TunerError
 from tuner.replicas import HOURS
 from tuner.runs import RunBook, RunRecord
 from tuner.schedules import ScheduleBook
-from tuner.storage import TrialState, ValidationMark
-from tuner.answers import (Answer, CapacityAnswer, Enqueued, JsonObject, Number, PlanAnswer, RecommendationAnswer,
-                           ReportAnswer, ScoreAnswer, SpendAnswer, StatedContext, StudyCreated, StudyListing,
-                           StudyStatus)
 from tuner.studies import LocalStudies, NoRecommendation, StudyRequest
 from tuner.study.capacity_plan import PlanOptions
 from tuner.study.plan import StoragePlan
-from tuner.supervisor import STOP_GRACE_S, RunRequest, RunState
+from tuner.supervisor import STOP_GRACE_S, RunRequest
 
 APP_NAME = "tuner"
 BEARER = HTTPBearer(auto_error=False)
@@ -70,198 +68,9 @@ class EnqueueRequest(BaseModel):
     settings: list[str] = Field(min_length=1, description="Engine settings NAME=VALUE, as `tuner study enqueue --set`.")
 
 
-# The answers of the service's own endpoints (the study answers are tuner.studies'), for its OpenAPI document.
-
-
-class Health(Answer):
-    """The answer of `GET /healthz`: ok while the service answers."""
-
-    ok: bool
-
-
-class RunProgress(Answer):
-    """How far a run is: trials finished, of its cap."""
-
-    done: int
-    of: Optional[int] = Field(description="The run's trial cap; None: as many as fit in its window.")
-
-
-class TrialSummaryAnswer(Answer):
-    """What a study run says about one trial as it ends (`tuner.study.events.TrialSummary`): its number, how it ended,
-    whether it ran vLLM's default, its engine settings, its score when it served, its failure class, why it failed,
-    was pruned or refused, and for a validation launch its mark."""
-
-    number: int
-    state: TrialState = Field(description="Any state but interrupted.")
-    baseline: bool
-    config: JsonObject
-    score: Optional[ScoreAnswer]
-    failure_class: Optional[str]
-    reason: Optional[str]
-    validation: Optional[ValidationMark] = Field(description="None for a search trial.")  # the record itself
-
-
-class BudgetPlanAnswer(Answer):
-    """A run's budget plan (`tuner.study.budget.BudgetPlan`): its slots, budget (seconds of slot time), the search
-    trials that fit and their expected length, the validation's launches and whether they fit, and the plan in
-    words."""
-
-    unit: str
-    slots: int
-    budget_s: Number
-    trial_s: Number
-    launch_s: Number
-    trials: int
-    validation_launches: int
-    validation_fits: bool
-    measured: int
-    probes: int
-    no_candidate: bool = Field(False, description="Nothing but vLLM's default to validate yet: the search may use "
-                                                  "the validation's share.")
-    validation_s: Optional[Number] = Field(None, description="Clock time kept for the validation; None in plans "
-                                                             "stored before it was.")
-    paired: bool = Field(False, description="Whether the validation was planned paired on one GPU.")
-    text: str
-
-
-class RunReportAnswer(Answer):
-    """What a study run did (`tuner.study.events.RunReport`, what `tuner study run --json` prints): every trial it
-    ended, validation launches included, why it stopped before its budget if it did, and its validation's verdict
-    (None: not asked for)."""
-
-    trials: list[TrialSummaryAnswer]
-    stopped_early: Optional[str]
-    validation: Optional[str]
-    spent: Optional[SpendAnswer] = Field(None, description="What the run's slots' time went to")
-    plan: Optional[BudgetPlanAnswer] = Field(None, description="The budget's plan as the run last said it; None "
-                                                               "without a budget or a window")
-
-
-class TrialInFlight(Answer):
-    """A trial a run started and has not ended (`tuner.study.events.TrialStarted`), as the run's events file holds
-    it: its number, whether it runs vLLM's default, its engine settings, its slot and when it started."""
-
-    kind: Literal["trial_started"] = Field(description="The event that started it.")
-    number: int
-    baseline: bool
-    config: JsonObject
-    slot: int
-    at: Number = Field(description="When it started, in seconds since the epoch.")
-
-
-class RunAnswer(Answer):
-    """One run as the service reports it (`tuner.runs.RunRecord`): its state, the trials in flight and those
-    finished, and once it has ended what it reported."""
-
-    id: str
-    study: str
-    trials: Optional[int]
-    started_at: Number
-    state: RunState = Field(description="running, then finished, failed or stopped.")
-    ended_at: Optional[Number]
-    exit_code: Optional[int]
-    error: Optional[str]
-    result: Optional[RunReportAnswer] = Field(description="What `tuner study run --json` printed.")
-    in_flight: list[TrialInFlight]
-    finished: list[TrialSummaryAnswer] = Field(description="In the order they ended.")
-    progress: RunProgress
-    plan: Optional[BudgetPlanAnswer] = Field(None, description="The budget's plan as the run last said it; None "
-                                                               "without a budget or a window")
-
-    @classmethod
-    def of(cls, record: RunRecord) -> RunAnswer:
-        """The run's record as the service answers it."""
-        return cls.model_validate(record.to_dict())
-
-
-class StudyWithRuns(StudyStatus):
-    """The study's status, and the runs this service started for it."""
-
-    runs: list[RunAnswer]
-
-
-class ScheduleTrialAnswer(Answer):
-    """A trial recorded during a schedule's run, in brief (`tuner.schedules.ScheduleTrial`): how it ended, its failure
-    class, its completed throughput and p95 end-to-end latency when it was scored, whether it met the boundary (None:
-    not scored), and why it failed, was pruned or fell outside."""
-
-    number: int
-    state: TrialState
-    failure_class: Optional[str]
-    completed_rps: Optional[Number]
-    e2e_p95_s: Optional[Number]
-    feasible: Optional[bool]
-    reason: Optional[str]
-
-
-class ScheduleBestAnswer(Answer):
-    """A study's recommendation as a schedule's run found it (`tuner.schedules.ScheduleBest`): its trial, completed
-    throughput, p95 end-to-end latency and `vllm serve` command, and its validation's verdict ("not validated" when
-    none)."""
-
-    trial: int
-    completed_rps: Number
-    e2e_p95_s: Number
-    serve_command: str
-    # Absent from summaries written before validations; the schedule answers leave out what was not given.
-    validation: Optional[str] = None
-    capacity: Optional[CapacityAnswer] = None  # after a load search; absent from older summaries
-    # How it breaks the boundary at your traffic, when no configuration tried carries it; absent otherwise.
-    violations: Optional[list[str]] = None
-
-
-# The best as summaries have carried it since its context was added; before that, ScheduleBestAnswer alone.
-# Pydantic orders fields from the last base to the first: the best's own keys, then where it was measured.
-class ScheduleBestInContext(StatedContext, ScheduleBestAnswer):
-    """A study's recommendation as a schedule's run found it, with its boundary, the machine, vLLM and the trace."""
-
-
-class ScheduleRunAnswer(Answer):
-    """One run of a schedule and what it left (`tuner.schedules.ScheduleRun`)."""
-
-    id: int
-    schedule: str
-    study: str
-    state: RunState
-    due_at: str
-    started_at: str
-    window_end: str
-    finished_at: Optional[str]
-    trials: list[ScheduleTrialAnswer]
-    best: Optional[Union[ScheduleBestInContext, ScheduleBestAnswer]] = Field(
-        union_mode="left_to_right", description="The study's recommendation when the run ended.")
-    previous_best: Optional[Union[ScheduleBestInContext, ScheduleBestAnswer]] = Field(
-        union_mode="left_to_right", description="The same when the run began.")
-    stopped_early: Optional[str]
-    error: Optional[str]
-    by_state: dict[str, int]
-    failures: dict[str, int]
-    new_best: bool
-
-
-class ScheduleRunWithSummary(ScheduleRunAnswer):
-    """A schedule's run with its morning summary in words."""
-
-    summary: list[str] = Field(description="The morning summary, in words.")
-
-
-class ScheduleAnswer(Answer):
-    """A schedule: its name, study, cron, window and trial cap, its next run (None: the cron never fires again) and its
-    last run (None before the first)."""
-
-    name: str
-    study: str
-    cron: str
-    window_s: Number
-    trials: Optional[int]
-    next_run: Optional[str]
-    last_run: Optional[ScheduleRunAnswer]
-
-
-class Removed(Answer):
-    """What a DELETE removed: its name."""
-
-    removed: str
+def _run_answer(record: RunRecord) -> RunAnswer:
+    """A run's record as the service answers it."""
+    return RunAnswer.model_validate(record.to_dict())
 
 
 def build_api(studies: LocalStudies, runs: RunBook, schedules: ScheduleBook, token: str | None) -> FastAPI:
@@ -297,7 +106,7 @@ def build_api(studies: LocalStudies, runs: RunBook, schedules: ScheduleBook, tok
 
     @api.get("/studies/{name}", tags=["studies"], dependencies=guarded, response_model_exclude_unset=True)
     def study_status(name: str) -> StudyWithRuns:
-        return StudyWithRuns(**studies.status(name).to_dict(), runs=[RunAnswer.of(run) for run in runs.list(name)])
+        return StudyWithRuns(**studies.status(name).to_dict(), runs=[_run_answer(run) for run in runs.list(name)])
 
     @api.get("/studies/{name}/best", tags=["studies"], dependencies=guarded, response_model_exclude_unset=True)
     def study_best(name: str) -> RecommendationAnswer:
@@ -340,19 +149,19 @@ def build_api(studies: LocalStudies, runs: RunBook, schedules: ScheduleBook, tok
         studies.status(name)  # a clear 404 now rather than a failed run later
         if request.timeout_s is not None and request.window_s is not None:
             raise TunerError("give timeout_s or window_s, not both")
-        return RunAnswer.of(runs.start(name, request))
+        return _run_answer(runs.start(name, request))
 
     @api.get("/runs", tags=["runs"], dependencies=guarded)
     def list_runs() -> list[RunAnswer]:
-        return [RunAnswer.of(run) for run in runs.list()]
+        return [_run_answer(run) for run in runs.list()]
 
     @api.get("/runs/{run_id}", tags=["runs"], dependencies=guarded)
     def run_status(run_id: str) -> RunAnswer:
-        return RunAnswer.of(runs.get(run_id))
+        return _run_answer(runs.get(run_id))
 
     @api.post("/runs/{run_id}/stop", tags=["runs"], dependencies=guarded)
     def stop_run(run_id: str) -> RunAnswer:
-        return RunAnswer.of(runs.stop(run_id))
+        return _run_answer(runs.stop(run_id))
 
     @api.get("/schedules", tags=["schedules"], dependencies=guarded, response_model_exclude_unset=True)
     def list_schedules() -> list[ScheduleAnswer]:

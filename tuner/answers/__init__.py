@@ -1,5 +1,6 @@
-"""What the study commands and the service answer, as pydantic models: `parts`, each the JSON of one record, and
-`study`, the answers built of them."""
+"""What the study commands and the service answer, as pydantic models: `parts`, each the JSON of one record,
+`study`, the study commands' answers built of them, and `runs`, the answers of the service's own endpoints (runs and
+schedules)."""
 
 from tuner.answers.parts import (Answer, BoundaryAnswer, CapacityAnswer, ConfigurationPlanAnswer, DayPlanAnswer, Empty,
                                  GainAnswer, GpuTimeAnswer, HardwareAnswer, JsonObject,
