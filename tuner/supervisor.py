@@ -90,6 +90,8 @@ class RunRequest(BaseModel):
     top: int = Field(DEFAULT_TOP, ge=1, le=100, description="Configurations to validate.")
     repeats: int = Field(DEFAULT_REPEATS, ge=2, le=100, description="Launches of each validated configuration and "
                                                                     "of the default.")
+    pairing: bool = Field(True, description="Where the slot has a GPU and vLLM has sleep mode, validate one engine per "
+                                            "configuration, the two taking turns; false: interleaved launches.")
 
 
 def run_option(field: str) -> str:

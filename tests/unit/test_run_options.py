@@ -27,18 +27,19 @@ def test_each_field_of_a_run_request_is_an_option_of_tuner_study_run():
 
 def test_the_argv_of_a_run_reads_back_as_its_request():
     request = RunRequest(trials=3, parallel=2, timeout_s=90.5, budget_s=600.0, prune=False, validate=False, top=2,
-                         repeats=3)
+                         repeats=3, pairing=False)
     argv = study_run_argv("s1", request, events=Path("events.jsonl"))
     assert argv[:5] == [sys.executable, "-m", "tuner", "study", "run"]
     given = study_run_command().make_context("run", argv[5:]).params
     assert given == {**given, "name": "s1", "as_json": True, "trials": 3, "parallel": 2, "timeout": 90.5,
                      "window": None, "budget": "600.0", "prune": False, "validate": False, "top": 2, "repeats": 3,
-                     "events": Path("events.jsonl")}
+                     "pairing": False, "events": Path("events.jsonl")}
 
 
 def test_options_left_unset_are_left_to_the_command_and_flags_are_given_either_way():
     argv = study_run_argv("s1", RunRequest(window_s=5.0))
-    assert argv[6:] == ["--json", "--window", "5.0", "--prune", "--validate", "--top", "1", "--repeats", "2"]
+    assert argv[6:] == ["--json", "--window", "5.0", "--prune", "--validate", "--top", "1", "--repeats", "2",
+                        "--pairing"]
     given = study_run_command().make_context("run", argv[5:]).params
     assert (given["trials"], given["window"], given["events"]) == (None, "5.0", None)
 

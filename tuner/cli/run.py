@@ -47,9 +47,6 @@ class RunSettings:
     # A run on a service:
     server: str | None
     token_file: Path | None
-    # Validate paired on one GPU where the platform offers it (`tuner.validation.pairing`). A run here only:
-    # the service's request has no such option, and its runs pair where they can.
-    pairing: bool = True
 
 
 class RunProgress:
@@ -167,10 +164,10 @@ def study_run(
     request = RunRequest.model_construct(trials=trials, parallel=parallel,
                                          timeout_s=None if deadline is None else deadline - time.time(),
                                          window_s=window_s, budget_s=budget_s, prune=prune, validate=validate,
-                                         top=top, repeats=repeats)
+                                         top=top, repeats=repeats, pairing=pairing)
     settings = RunSettings(name=name, request=request, deadline=deadline, stop_at=stop_at, ray_address=ray_address,
                            heartbeat_s=heartbeat, grace_s=grace, storage=storage, artifacts=artifacts, events=events,
-                           server=server, token_file=token_file, pairing=pairing)
+                           server=server, token_file=token_file)
     with progress_bar(as_json) as progress:
         shown = RunProgress(progress, name, request.trials, as_json)
         result = _run_on_service(settings, shown) if server else _run_here(settings, shown)
@@ -212,10 +209,11 @@ def study_validate(
     from tuner.supervisor import RunRequest
 
     deadline = _deadline(timeout, None)
-    request = RunRequest.model_construct(parallel=parallel, timeout_s=timeout, top=top, repeats=repeats)
+    request = RunRequest.model_construct(parallel=parallel, timeout_s=timeout, top=top, repeats=repeats,
+                                         pairing=pairing)
     settings = RunSettings(name=name, request=request, deadline=deadline, stop_at=None, ray_address=ray_address,
                            heartbeat_s=30, grace_s=90, storage=storage, artifacts=artifacts, events=None, server=None,
-                           token_file=None, pairing=pairing)
+                           token_file=None)
     with progress_bar(as_json) as progress:
         shown = RunProgress(progress, name, None, as_json)
         result = _run_here(settings, shown, validation_only=True, against_itself=against_itself)
@@ -280,7 +278,7 @@ def _run_here(settings: RunSettings, shown: RunProgress, *, validation_only: boo
     # A window plans as a budget does: the search keeps the validation's time.
     budget = RunBudget(time.time(), request.budget_s, settings.stop_at,
                        (request.top + 1) * request.repeats if request.validate_ else 0,
-                       request.top + 1 if request.validate_ else 0, settings.pairing) \
+                       request.top + 1 if request.validate_ else 0, settings.request.pairing) \
         if request.budget_s is not None or settings.stop_at is not None else None
     try:
         report = runner.run(request.trials, settings.deadline, stop_at=settings.stop_at, budget=budget) \
@@ -292,7 +290,7 @@ def _run_here(settings: RunSettings, shown: RunProgress, *, validation_only: boo
             try:
                 validation, checked = runner.validate(request.top, request.repeats, against_itself=against_itself,
                                                       deadline=settings.deadline, stop_at=settings.stop_at,
-                                                      budget=budget, paired=settings.pairing)
+                                                      budget=budget, paired=settings.request.pairing)
             except NothingToValidate as exc:
                 if validation_only:  # asked for by `study validate` itself: an error, not a note
                     raise
