@@ -24,10 +24,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tuner.capacity import JudgedProbe, LoadPolicy, capacity_of  # noqa: E402
-from tuner.models import default_model  # noqa: E402
-from tuner.paths import bundled_trace  # noqa: E402
-from tuner.scoring import boundary  # noqa: E402
+from tuner.analysis.capacity import JudgedProbe, LoadPolicy, capacity_of  # noqa: E402
+from tuner.common.models import default_model  # noqa: E402
+from tuner.common.paths import bundled_trace  # noqa: E402
+from tuner.analysis.scoring import boundary  # noqa: E402
 from tuner.traces.selection import TraceSelection, load_trace  # noqa: E402
 from tuner.workers.engine_config import EngineConfig  # noqa: E402
 from tuner.workers.trial import TrialSpec, run_trial  # noqa: E402

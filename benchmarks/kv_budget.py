@@ -1,4 +1,4 @@
-"""The KV budget estimate (tuner/kv_budget.py) against the KV cache vLLM logged at startup, for every engine
+"""The KV budget estimate (tuner/analysis/kv_budget.py) against the KV cache vLLM logged at startup, for every engine
 the project has launched and kept the log of (every server.log under the given folders), and the issue's four
 H200 figures and issue 34's four H100 figures (vLLM 0.24.0, bf16 unless noted).
 
@@ -27,10 +27,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tuner.hardware import detect_hardware  # noqa: E402
-from tuner.kv_budget import (DeviceMemory, ModelMemory, estimate_kv, logged_kv_tokens,  # noqa: E402
+from tuner.common.hardware import detect_hardware  # noqa: E402
+from tuner.analysis.kv_budget import (DeviceMemory, ModelMemory, estimate_kv, logged_kv_tokens,  # noqa: E402
                              read_model_memory)
-from tuner.models import shipped_architectures, write_architecture, write_tiny_model  # noqa: E402
+from tuner.common.models import shipped_architectures, write_architecture, write_tiny_model  # noqa: E402
 from tuner.workers.engine_config import EngineConfig  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -144,7 +144,7 @@ def refused_proposals(model: ModelMemory, count: int) -> int:
 
     from tuner.search_spaces import PREDICTED_KV_INSUFFICIENT, SpaceContext
     from tuner.search_spaces.derive import derive_space
-    from tuner.paths import bundled_trace
+    from tuner.common.paths import bundled_trace
     from tuner.traces.selection import TraceSelection, load_trace
 
     trace = load_trace(bundled_trace(), TraceSelection(max_requests=8, rate_scale=100.0, fit="clip"))

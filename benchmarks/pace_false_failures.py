@@ -5,7 +5,7 @@ as (base + seconds per output token x its output tokens) x lognormal noise, and,
 pauses once for that long at a random moment, delaying every request in flight or due during the pause (what a
 busy machine does to an engine that keeps up). A rate above a few percent is a rule that fails engines for the
 machine's noise. Two rules: the shortfall of late requests alone (the rule before 2026-12-04), and
-tuner.scoring.pace_violations as it stands; and the power of each, how often it fails an engine overloaded by a
+tuner.analysis.scoring.pace_violations as it stands; and the power of each, how often it fails an engine overloaded by a
 factor (a queue that grows, in a fluid model: a request due at t waits (factor - 1) x t more).
 
     .venv/bin/python benchmarks/pace_false_failures.py --draws 500
@@ -34,8 +34,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tuner.paths import bundled_trace  # noqa: E402
-from tuner.scoring import STEADY_CARRIED, STEADY_SHORTFALL_MIN, STEADY_SHORTFALL_SHARE, pace_violations  # noqa: E402
+from tuner.common.paths import bundled_trace  # noqa: E402
+from tuner.analysis.scoring import (STEADY_CARRIED, STEADY_SHORTFALL_MIN, STEADY_SHORTFALL_SHARE,  # noqa: E402
+                                    pace_violations)
 from tuner.traces.selection import TraceSelection, load_trace  # noqa: E402
 from tuner.workers.measure import Pace  # noqa: E402
 from tuner.workers.probes import probe_trace  # noqa: E402

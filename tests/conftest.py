@@ -154,7 +154,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> Path:
-    from tuner.models import write_tiny_model
+    from tuner.common.models import write_tiny_model
 
     return write_tiny_model(tmp_path_factory.mktemp("models") / "tiny")
 

@@ -9,9 +9,9 @@ from typing import Any
 
 import yaml
 
-from tuner.capacity import JudgedProbe, Verdict
-from tuner.hardware import HardwareInfo
-from tuner.kv_budget import ModelMemory
+from tuner.analysis.capacity import JudgedProbe, Verdict
+from tuner.common.hardware import HardwareInfo
+from tuner.analysis.kv_budget import ModelMemory
 from tuner.storage import StoredTrial, StudyModel, StudySettings
 from tuner.traces.selection import TraceSelection
 from tuner.workers.engine_config import EngineConfig
@@ -140,7 +140,7 @@ def scored_trial(number: int, capacity_rps: float | None, *, config: EngineConfi
                  mark: Any = None, hardware: HardwareInfo = MACHINE, **measured: Any) -> StoredTrial:
     """A completed search trial (or validation launch, `mark`) of study s1 whose load search carried `capacity_rps`
     within the boundary (None: no load passed) and failed 10% above it, measured as `measurement(**measured)`."""
-    from tuner.scoring import Capacity, Score
+    from tuner.analysis.scoring import Capacity, Score
     from tuner.storage import StoredTrial, TrialState
 
     m = measurement(**measured)
@@ -158,7 +158,7 @@ def store_study(url: str, artifacts: Path, settings: StudySettings, trials: list
     import optuna
     from optuna.trial import TrialState, create_trial
 
-    from tuner.scoring import DIRECTIONS
+    from tuner.analysis.scoring import DIRECTIONS
     from tuner.study.attrs import BASELINE_ATTR
     from tuner.study.plan import StoragePlan
 

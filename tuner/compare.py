@@ -2,7 +2,7 @@
 
 `tuner compare --vary max_num_seqs=64,256` runs one real trial per value, one after another, everything else
 held equal, and says in plain words what the change did. By default each trial searches its capacity (the
-highest load that passes the boundary, tuner.capacity) and the verdict compares capacities: which value carries
+highest load that passes the boundary, tuner.analysis.capacity) and the verdict compares capacities: which value carries
 more, or about the same when the two are within the search's precision. At a fixed load (`--load fixed`: one
 replay per value) it says what the change did to preemptions, requests completed, p95 end-to-end latency and
 time spent in vLLM's queue. Trace dimensions are varied the same way (`rate_scale`, `output_scale`,
@@ -19,10 +19,10 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from tuner.capacity import JudgedProbe, LoadPolicy, capacity_of
-from tuner.errors import TunerError
-from tuner.models import inspect_model
-from tuner.scoring import Boundary, Capacity, Score, capacity_line, score
+from tuner.analysis.capacity import JudgedProbe, LoadPolicy, capacity_of
+from tuner.common.errors import TunerError
+from tuner.common.models import inspect_model
+from tuner.analysis.scoring import Boundary, Capacity, Score, capacity_line, score
 from tuner.traces.records import PREFIX_BLOCK_TOKENS, Trace, Transformation
 from tuner.traces.selection import TraceSelection, fit_trace, load_trace
 from tuner.traces.transforms import scale_rate

@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from tuner.hardware import HardwareInfo
-from tuner.scoring import Boundary
+from tuner.common.hardware import HardwareInfo
+from tuner.analysis.scoring import Boundary
 from tuner.traces.selection import TraceSelection
 
 if TYPE_CHECKING:

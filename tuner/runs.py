@@ -9,7 +9,7 @@ import time
 import uuid
 from dataclasses import dataclass, replace
 
-from tuner.errors import NotFound
+from tuner.common.errors import NotFound
 from tuner.study.budget import BudgetPlan
 from tuner.study.events import (BudgetPlanned, RunReport, TrialDone, TrialStarted, TrialSummary, logged_dict,
                                 read_event_line)

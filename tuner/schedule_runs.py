@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from tuner.describe import RecommendationContext, throughput_line
-from tuner.scoring import Capacity
+from tuner.analysis.scoring import Capacity
 from tuner.storage import StoredScheduleRun, StoredTrial, StudySettings, TrialState
 from tuner.study.recommendation import Recommendation, shortfall_sentence
 from tuner.supervisor import RunState

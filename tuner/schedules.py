@@ -34,7 +34,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.schedulers.base import STATE_STOPPED
 from apscheduler.triggers.cron import CronTrigger
 
-from tuner.errors import NotFound, TunerError
+from tuner.common.errors import NotFound, TunerError
 from tuner.schedule_runs import ScheduleBest, ScheduleRun, ScheduleTrial
 from tuner.storage import StoredScheduleRun
 from tuner.storage.schema import SCHEDULE_JOBS_TABLE

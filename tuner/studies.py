@@ -1,5 +1,5 @@
 """What each study command answers, as JSON-ready data: the same answers whether the command line runs them
-here (`LocalStudies`) or asks a tuner service for them (`tuner.service_client.RemoteStudies`), so both print
+here (`LocalStudies`) or asks a tuner service for them (`tuner.service.client.RemoteStudies`), so both print
 alike (their models are in `tuner.answers`). The service itself answers with `LocalStudies`."""
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING, Any, Optional, Protocol
 from optuna.trial import TrialState
 from pydantic import BaseModel, Field
 
-from tuner.capacity import LoadPolicy
+from tuner.analysis.capacity import LoadPolicy
 from tuner.describe import RecommendationContext, baseline_dict, recommendation_dict
-from tuner.errors import TunerError
-from tuner.models import default_model
-from tuner.paths import bundled_trace
-from tuner.scoring import boundary, parse_limits
+from tuner.common.errors import TunerError
+from tuner.common.models import default_model
+from tuner.common.paths import bundled_trace
+from tuner.analysis.scoring import boundary, parse_limits
 from tuner.storage import StoredTrial
 from tuner.storage.spend import GpuTime, Spend
 from tuner.storage.urls import redact_url
@@ -58,7 +58,8 @@ class StudyRequest(BaseModel):
     max_requests: Optional[int] = None
     fit: Optional[str] = None
     spread: bool = Field(False, description="Spread the requests that share one recorded arrival up to the next.")
-    sampler: str = "bottleneck"  # tuner.samplers.DEFAULT_SAMPLER; that module imports Optuna, this one stays light
+    # tuner.search.samplers.DEFAULT_SAMPLER; that module imports Optuna, this one stays light
+    sampler: str = "bottleneck"
     seed: Optional[int] = None
     request_timeout_s: float = 600.0
     startup_timeout_s: float = 600.0

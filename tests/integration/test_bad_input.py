@@ -27,8 +27,8 @@ from hypothesis import strategies as st
 from conftest import AZURE_CONV, FIXED_LOAD, TRACES
 from tuner.search_spaces import SearchSpace, SpaceContext, load_space
 from checks import assert_valid, mostly
-from tuner.errors import TraceFormatError, TunerError
-from tuner.scoring import BOUNDARIES
+from tuner.common.errors import TraceFormatError, TunerError
+from tuner.analysis.scoring import BOUNDARIES
 from tuner.traces.readers import READERS, read_trace
 from tuner.traces.selection import TraceSelection, load_trace, parse_window
 from tuner.workers.engine_config import EngineConfig

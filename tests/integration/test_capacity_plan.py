@@ -15,9 +15,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 from factories import SEQS_SPACE, native_trace, scored_trial, store_study, study_settings
-from tuner.errors import TunerError
-from tuner.service import build_api
-from tuner.service_client import RemoteStudies, ServiceClient
+from tuner.common.errors import TunerError
+from tuner.service.api import build_api
+from tuner.service.client import RemoteStudies, ServiceClient
 from tuner.storage import ValidationMark
 from tuner.studies import LocalStudies
 from tuner.study.capacity_plan import CAPACITY_PLAN_ATTR, PlanOptions, plan_capacity

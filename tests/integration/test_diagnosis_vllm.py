@@ -16,8 +16,8 @@ pytestmark = pytest.mark.vllm
 
 ENGINE = ["--set", "max_model_len=1024", "--set", "enforce_eager=true", "--set", "kv_cache_memory_bytes=268435456"]
 # Each case names its limit only from vLLM's gauges read at least four times while its requests are in flight
-# (tuner/diagnosis.py). With one core kept busy, 32 requests with 12 KV blocks gave 4 reads and 2 sequence slots
-# 7; a crowded CI machine answered /metrics once in the 6.6 s of 64 requests on the token budget. More requests
+# (tuner/analysis/diagnosis.py). With one core kept busy, 32 requests with 12 KV blocks gave 4 reads and 2 sequence
+# slots 7; a crowded CI machine answered /metrics once in the 6.6 s of 64 requests on the token budget. More requests
 # last longer, at no cost to the case each shows.
 CASES = {
     # 12 blocks of 128 tokens for 48 requests at once: the cache fills and requests are preempted.

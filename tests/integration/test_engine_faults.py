@@ -29,8 +29,8 @@ from conftest import (AZURE_CONV, FIXED_LOAD, NO_LATENCY_LIMIT_ARGS, REPO, Desce
 from faulty_server import (CLOSED_MIDSTREAM, EMPTY_BODY, ERROR_EVENT, FAULTS, MALFORMED_EVENT, OK,
                            RESET_BEFORE_RESPONSE, RESET_MIDSTREAM, SHORT, STALLED, STATUS_400, STATUS_429,
                            STATUS_500, STATUS_503, STATUS_OF)
-from tuner.capacity import JudgedProbe, Verdict
-from tuner.scoring import boundary
+from tuner.analysis.capacity import JudgedProbe, Verdict
+from tuner.analysis.scoring import boundary
 from tuner.storage import Repository
 from tuner.traces.records import Trace, TraceRequest
 from tuner.traces.selection import TraceSelection, load_trace

@@ -25,10 +25,10 @@ import pytest
 from optuna.trial import TrialState as OptunaState
 
 from conftest import AZURE_CONV, NO_LATENCY_LIMIT_ARGS, NO_LATENCY_LIMITS, REPO, run_tuner
-from tuner.capacity import LoadPolicy, Verdict
+from tuner.analysis.capacity import LoadPolicy, Verdict
 from tuner.cli.options import storage_plan
-from tuner.hardware import detect_hardware
-from tuner.scoring import boundary
+from tuner.common.hardware import detect_hardware
+from tuner.analysis.scoring import boundary
 from tuner.storage.artifacts import trial_dir
 from tuner.traces.records import Trace, TraceRequest
 from tuner.workers.engine_config import EngineConfig

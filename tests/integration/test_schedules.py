@@ -25,15 +25,15 @@ from conftest import AZURE_CONV, FIXED_LOAD, NO_LATENCY_LIMIT_ARGS, signal_when_
 from conftest import run_tuner as tuner
 
 from tuner.storage import Repository
-from tuner.errors import TunerError
+from tuner.common.errors import TunerError
 from tuner.schedules import ScheduleBook, due_time
-from tuner.durations import parse_duration
+from tuner.common.durations import parse_duration
 from tuner.study.attrs import BASELINE_ATTR, RERUN_ATTR, WARM_START_ATTR
 from tuner.study.create import create_study, enqueue_config
 from tuner.study.events import NO_TIME_LEFT, WINDOW_END
 from tuner.study.plan import StoragePlan, load_optuna_study
 from tuner.study.recommendation import best_trials
-from tuner.capacity import LoadPolicy
+from tuner.analysis.capacity import LoadPolicy
 from tuner.traces.selection import TraceSelection
 from tuner.workers.engine_config import EngineConfig
 from factories import azure_slice, tiny_space

@@ -19,9 +19,9 @@ from tuner.storage import (Repository, StoredTrial, VERSION_TABLE, alembic_confi
                            trial_artifacts)
 from tuner.storage.schema import Base, ScheduleRunRow, TraceRow, include_name
 from tuner.storage.records import StoredRun, StoredScheduleRun
-from tuner.capacity import JudgedProbe, Verdict
-from tuner.errors import TunerError
-from tuner.scoring import Rejection, Score
+from tuner.analysis.capacity import JudgedProbe, Verdict
+from tuner.common.errors import TunerError
+from tuner.analysis.scoring import Rejection, Score
 from tuner.traces.records import Trace, TraceFit, TraceRequest, Transformation
 from tuner.traces.stats import trace_stats
 from tuner.workers.engine_config import EngineConfig

@@ -7,7 +7,7 @@ import json
 import re
 
 from conftest import AZURE_CONV, FIXED_LOAD, run_tuner
-from tuner.durations import format_duration
+from tuner.common.durations import format_duration
 
 # 16 requests of the Azure conversation cut, 100 times as fast as recorded.
 SELECTION = ("--trace", str(AZURE_CONV), "--window", "300:400", "--max-requests", "16", "--rate-scale", "100",

@@ -82,7 +82,7 @@ def test_large_kv_budget_serves_every_request_in_full_without_preemption(tiny_mo
     assert m["ttft_per_1k_prompt_s"]["p95"] == pytest.approx(m["ttft_s"]["p95"])
     assert m["queue_s_mean"] == pytest.approx(statistics.fmean(queue))
     # The fastest request's decode time per output token after the first: the floor the KV bound of a later
-    # configuration rests on (tuner.kv_traffic).
+    # configuration rests on (tuner.search.kv_traffic).
     decode = [(float(r["e2e_s"]) - float(r["ttft_s"])) / (int(r["output_tokens"]) - 1) for r in rows]
     assert m["tpot_fastest_s"] == pytest.approx(min(decode)) and m["tpot_fastest_s"] > 0
     # Every request: when it was due, when it went out (open loop: never before it was due), what users saw.

@@ -19,12 +19,12 @@ import ray
 
 from conftest import AZURE_CONV, NO_LATENCY_LIMITS, as_at_a_terminal, run_tuner, signal_when_ready, vllm_processes
 from tuner.storage import Repository
-from tuner.errors import TunerError
+from tuner.common.errors import TunerError
 from tuner.study.create import create_study, enqueue_config
 from tuner.study.events import PoolReady, RunEvent, TrialStarted, WorkerDone
 from tuner.study.plan import StoragePlan
 from tuner.study.runner import StudyRunner
-from tuner.capacity import LoadPolicy
+from tuner.analysis.capacity import LoadPolicy
 from tuner.traces.selection import TraceSelection, load_trace
 from tuner.workers.engine_config import EngineConfig
 from tuner.workers.pool import WorkerLost, WorkerPool, _staging_dir

@@ -77,7 +77,7 @@ def test_before_any_trial_the_plan_gives_no_figure():
 def _measured(runner, config, carried_rps: float) -> None:
     """A trial of `config` stored as run for 100 s: it carried `carried_rps` within the boundary."""
     from factories import MACHINE, measurement
-    from tuner.scoring import Capacity, Score
+    from tuner.analysis.scoring import Capacity, Score
     from tuner.storage import StoredTrial, TrialState
     from tuner.workers.measure import TrialTimings
 
@@ -97,8 +97,8 @@ def _measured(runner, config, carried_rps: float) -> None:
 def test_the_validations_share_is_kept_only_once_there_is_a_candidate_to_validate(tiny_model, tmp_path):
     import time
 
-    from tuner.capacity import LoadPolicy
-    from tuner.paths import bundled_trace
+    from tuner.analysis.capacity import LoadPolicy
+    from tuner.common.paths import bundled_trace
     from tuner.study.create import create_study
     from tuner.study.events import BUDGET_KEPT
     from tuner.study.plan import StoragePlan

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 
 from tests.factories import study_settings
-from tuner.capacity import (DECISIVE_REQUESTS, JudgedProbe, LoadPolicy, LoadSearch, ProbeLength, Verdict, capacity_of,
-                            judge_probe, served_alone, wilson_interval)
-from tuner.errors import TunerError
-from tuner.paths import bundled_trace
-from tuner.scoring import (STEADY_CARRIED, STEADY_SHORTFALL_MIN, STEADY_SHORTFALL_SHARE, STEADY_TREND, boundary,
-                            pace_undecided, pace_violations, score)
+from tuner.analysis.capacity import (DECISIVE_REQUESTS, JudgedProbe, LoadPolicy, LoadSearch, ProbeLength, Verdict,
+                                     capacity_of, judge_probe, served_alone, wilson_interval)
+from tuner.common.errors import TunerError
+from tuner.common.paths import bundled_trace
+from tuner.analysis.scoring import (STEADY_CARRIED, STEADY_SHORTFALL_MIN, STEADY_SHORTFALL_SHARE, STEADY_TREND,
+                                    boundary, pace_undecided, pace_violations, score)
 from tuner.storage import StudySettings
 from tuner.traces.records import Trace, TraceRequest
 from tuner.traces.transforms import repeat

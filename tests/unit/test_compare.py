@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from tuner.capacity import JudgedProbe, LoadPolicy, Verdict
+from tuner.analysis.capacity import JudgedProbe, LoadPolicy, Verdict
 from tuner.compare import CompareResult, CompareRun, capacity_verdict, parse_vary, verdicts
-from tuner.scoring import Capacity, boundary
+from tuner.analysis.scoring import Capacity, boundary
 from tuner.workers.engine_config import EngineConfig
 from tuner.workers.probes import Probe
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tuner.hardware import detect_hardware
+from tuner.common.hardware import detect_hardware
 from tuner.workers.cpu_engine import LAYOUT_VARS, cpu_engine_env, cpu_engine_threads, usable_cores
 
 

@@ -16,11 +16,11 @@ from tuner.search_spaces import PREDICTED_KV_INSUFFICIENT, SpaceContext
 from tuner.search_spaces.derive import derive_space
 from test_kv_budget import H200, H200_TABLE
 from tuner.storage import Repository
-from tuner.errors import TunerError
-from tuner.hardware import detect_hardware
-from tuner.kv_budget import ESTIMATE_ERROR, DeviceMemory, estimate_kv, read_model_memory
-from tuner.models import write_architecture
-from tuner.paths import bundled_trace
+from tuner.common.errors import TunerError
+from tuner.common.hardware import detect_hardware
+from tuner.analysis.kv_budget import ESTIMATE_ERROR, DeviceMemory, estimate_kv, read_model_memory
+from tuner.common.models import write_architecture
+from tuner.common.paths import bundled_trace
 from tuner.traces.selection import TraceSelection, load_trace
 from tuner.traces.stats import percentile
 from tuner.workers.engine_config import EngineConfig

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from tuner.capacity import JudgedProbe, Verdict
-from tuner.diagnosis import EngineCaps, Limit, diagnose, edge_probe, limiting_resource
-from tuner.scoring import BOUNDARIES
-from tuner.hardware import HardwareInfo
+from tuner.analysis.capacity import JudgedProbe, Verdict
+from tuner.analysis.diagnosis import EngineCaps, Limit, diagnose, edge_probe, limiting_resource
+from tuner.analysis.scoring import BOUNDARIES
+from tuner.common.hardware import HardwareInfo
 from tuner.workers.measure import Measurement, Percentiles, measure
 from tuner.workers.probes import Probe
 from tuner.workers.replay import ReplayResult
@@ -121,7 +121,7 @@ def test_the_edge_probe_is_the_lowest_above_the_capacity_that_did_not_pass():
 
 def test_status_lines_state_the_default_s_limit():
     from tuner.cli.present import default_line
-    from tuner.scoring import Score
+    from tuner.analysis.scoring import Score
     from tuner.answers import BaselineAnswer
 
     held = diagnose(_m(running_peak=16.0, waiting_peak=7.0, queue_s_p95=2.0), CAPS).to_dict()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tuner.durations import format_duration, parse_duration
+from tuner.common.durations import format_duration, parse_duration
 
 
 @pytest.mark.parametrize(("seconds", "text", "read"), [

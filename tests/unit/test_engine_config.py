@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tuner.errors import TunerError
+from tuner.common.errors import TunerError
 from tuner.workers.engine_config import EngineConfig
 from tuner.workers import launch
 from tuner.workers.launch import (PER_REQUEST_METRICS_FLAG, declares_per_request_metrics, engine_argv,
@@ -60,7 +60,7 @@ def test_bad_settings_are_refused_with_the_reason(items, message):
 
 
 def test_argv_is_a_list_with_dummy_weights_for_a_config_only_model(tmp_path):
-    from tuner.models import write_architecture
+    from tuner.common.models import write_architecture
 
     folder = write_architecture("llama-3.1-8b", tmp_path / "llama")
     argv = engine_argv(folder, EngineConfig(max_model_len=4096), 8000, ["--seed", "1"])

@@ -10,7 +10,7 @@ import os
 import psutil
 import pytest
 
-from tuner.hardware import detect_hardware, visible_gpus
+from tuner.common.hardware import detect_hardware, visible_gpus
 
 MACHINE = ["GPU-aaaa1111-0000", "GPU-aaaa2222-0000", "GPU-bbbb3333-0000"]  # NVML's order
 

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from tuner.errors import TunerError
-from tuner.kv_budget import (ESTIMATE_ERROR, GiB, DeviceMemory, Fit, KvEstimate, estimate_kv, logged_kv_tokens,
+from tuner.common.errors import TunerError
+from tuner.analysis.kv_budget import (ESTIMATE_ERROR, GiB, DeviceMemory, Fit, KvEstimate, estimate_kv, logged_kv_tokens,
                              read_model_memory)
-from tuner.models import write_architecture
+from tuner.common.models import write_architecture
 from tuner.workers.engine_config import EngineConfig
 
 # One H200 as nvidia-smi reports it: 143,771 MiB.

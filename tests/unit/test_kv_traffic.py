@@ -1,4 +1,4 @@
-"""The most traffic a KV cache can carry (tuner.kv_traffic), and the runner that launches no configuration below
+"""The most traffic a KV cache can carry (tuner.search.kv_traffic), and the runner that launches no configuration below
 the best so far by it."""
 
 from __future__ import annotations
@@ -8,12 +8,12 @@ from dataclasses import replace
 import pytest
 
 from factories import MACHINE, measurement, request_records
-from tuner.capacity import LoadPolicy
+from tuner.analysis.capacity import LoadPolicy
 from tuner.cli.present import summary_line
-from tuner.kv_budget import KvEstimate
-from tuner.kv_traffic import PROBE_OVERLOAD_ALLOWED, kv_traffic_bound, tpot_floor
-from tuner.paths import bundled_trace
-from tuner.scoring import Capacity, Rejection, Score
+from tuner.analysis.kv_budget import KvEstimate
+from tuner.search.kv_traffic import PROBE_OVERLOAD_ALLOWED, kv_traffic_bound, tpot_floor
+from tuner.common.paths import bundled_trace
+from tuner.analysis.scoring import Capacity, Rejection, Score
 from tuner.storage import StoredTrial, TrialState
 from tuner.study.create import create_study, enqueue_config
 from tuner.study.events import TrialSummary

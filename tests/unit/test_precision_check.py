@@ -8,18 +8,18 @@ from dataclasses import replace
 
 import pytest
 
-from tuner.hardware import HardwareInfo
-from tuner.kv_budget import DeviceMemory, read_model_memory
-from tuner.models import write_architecture
+from tuner.common.hardware import HardwareInfo
+from tuner.analysis.kv_budget import DeviceMemory, read_model_memory
+from tuner.common.models import write_architecture
 from tuner.search_spaces.derive import derive_space
 from tuner.storage import ValidationMark
 from tuner.study.attrs import BASELINE_ATTR, ON_DEFAULT_ATTR
 from tuner.study.create import create_study
 from tuner.study.plan import StoragePlan
 from tuner.study.runner import StudyRunner
-from tuner.paths import bundled_trace
+from tuner.common.paths import bundled_trace
 from tuner.traces.selection import TraceSelection, load_trace
-from tuner.capacity import LoadPolicy
+from tuner.analysis.capacity import LoadPolicy
 
 H100 = HardwareInfo("cuda", "NVIDIA H100 80GB HBM3", 79.6, 1, "cpu", 16, 128.0, gpu_compute_capability=9.0)
 

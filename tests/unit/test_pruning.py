@@ -7,9 +7,9 @@ from __future__ import annotations
 import random
 from dataclasses import replace
 
-from tuner.capacity import PERCENTILE, Verdict, judge_probe, wilson_interval
-from tuner.pruning import BoundaryWatch, VerdictWatch
-from tuner.scoring import Boundary, boundary
+from tuner.analysis.capacity import PERCENTILE, Verdict, judge_probe, wilson_interval
+from tuner.search.pruning import BoundaryWatch, VerdictWatch
+from tuner.analysis.scoring import Boundary, boundary
 from tuner.workers.measure import measure
 from tuner.workers.probes import Probe
 from tuner.workers.replay import InFlight, LiveReplay, ReplayResult

@@ -4,9 +4,9 @@ does, those that carry the most of it, said plainly."""
 from __future__ import annotations
 
 from factories import MACHINE, measurement
-from tuner.scoring import Capacity, Score
+from tuner.analysis.scoring import Capacity, Score
 from tuner.storage import StoredTrial, TrialState, ValidationMark
-from tuner.scoring import boundary
+from tuner.analysis.scoring import boundary
 from tuner.study.recommendation import Recommendation, candidates, carried_by_others, shortfall_sentence
 from tuner.workers.engine_config import EngineConfig
 

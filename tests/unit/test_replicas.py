@@ -7,9 +7,9 @@ import math
 
 import pytest
 
-from tuner.errors import TunerError
-from tuner.replicas import (MeasuredCapacity, ReplicaCount, busiest_window, check_price, day_plan, hourly_rates,
-                            read_hourly_rates, replicas_for)
+from tuner.common.errors import TunerError
+from tuner.analysis.replicas import (MeasuredCapacity, ReplicaCount, busiest_window, check_price, day_plan,
+                                     hourly_rates, read_hourly_rates, replicas_for)
 from tuner.validation import capacity_interval
 
 

@@ -10,12 +10,12 @@ import pytest
 
 from tuner.storage import StoredTrial, StudyModel, StudySettings
 from tuner.compare import CompareRun, pair_verdict, parse_vary, reshape_trace, scale_lengths, verdicts
-from tuner.errors import TunerError
-from tuner.hardware import HardwareInfo
-from tuner.capacity import capacity_of
+from tuner.common.errors import TunerError
+from tuner.common.hardware import HardwareInfo
+from tuner.analysis.capacity import capacity_of
 from tuner.report import (NO_TIMELINE, ReportData, kv_budget_tokens, load_curve_figure, pareto_figure, read_timeline,
                           recommendation_lines, render_html, side_by_side, summary, trial_rows)
-from tuner.scoring import Rejection, Score, boundary
+from tuner.analysis.scoring import Rejection, Score, boundary
 from tuner.study.recommendation import Recommendation, gain_sentence
 from tuner.traces.records import Trace, TraceFit, TraceRequest
 from tuner.traces.selection import TraceSelection
@@ -525,7 +525,7 @@ def test_page_with_load_curves_renders_in_chromium(tmp_path):
 def test_compare_table_puts_the_values_side_by_side():
     from tuner.compare import CompareResult, parse_vary
     from tuner.cli.report import _compare_rows
-    from tuner.scoring import score
+    from tuner.analysis.scoring import score
 
     variation = parse_vary("max_num_seqs=2,16")
     bound = boundary("interactive")

@@ -9,7 +9,7 @@ import os
 import sys
 
 from tuner.runs import EVENTS_FILE, RunRecord, _Run
-from tuner.scoring import Capacity, Score
+from tuner.analysis.scoring import Capacity, Score
 from tuner.storage import TrialState, ValidationMark
 from tuner.study.budget import BudgetPlan
 from tuner.study.events import (BudgetPlanned, RunReport, TrialDone, TrialStarted, TrialSummary, event_line,

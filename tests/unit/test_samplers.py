@@ -9,9 +9,9 @@ import pytest
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import TrialState
 
-from tuner.bottleneck import RELIEF_ATTR, Diagnosis, raised, relief_move
-from tuner.errors import TunerError
-from tuner.samplers import DEFAULT_SAMPLER, SAMPLERS, make_sampler
+from tuner.search.bottleneck import RELIEF_ATTR, Diagnosis, raised, relief_move
+from tuner.common.errors import TunerError
+from tuner.search.samplers import DEFAULT_SAMPLER, SAMPLERS, make_sampler
 from tuner.studies import StudyRequest
 
 SPACE = {

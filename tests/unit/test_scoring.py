@@ -7,10 +7,10 @@ from dataclasses import replace
 
 import pytest
 
-from tuner.errors import TunerError
-from tuner.pruning import BoundaryWatch
+from tuner.common.errors import TunerError
+from tuner.search.pruning import BoundaryWatch
 from tuner.traces.stats import percentile
-from tuner.scoring import BOUNDARIES, Capacity, Score, boundary, parse_limits, score
+from tuner.analysis.scoring import BOUNDARIES, Capacity, Score, boundary, parse_limits, score
 from tuner.study.recommendation import capacity_sentence
 from tuner.workers.measure import Measurement, measure
 from tuner.workers.replay import InFlight, LiveReplay, ReplayResult

@@ -19,9 +19,9 @@ from optuna.distributions import CategoricalDistribution, FloatDistribution, Int
 from conftest import AZURE_CONV
 from tuner.search_spaces import (PLATFORMS, PREDICTED_KV_INSUFFICIENT, SpaceContext, SpaceFile, load_space,
                                  parse_comparison, shipped_spaces)
-from tuner.errors import TunerError
-from tuner.kv_budget import DeviceMemory, ModelMemory
-from tuner.models import ModelInfo
+from tuner.common.errors import TunerError
+from tuner.analysis.kv_budget import DeviceMemory, ModelMemory
+from tuner.common.models import ModelInfo
 from tuner.search_spaces.parameters import FloatParameter
 from tuner.traces.records import Trace, TraceRequest
 from tuner.traces.selection import TraceSelection, load_trace

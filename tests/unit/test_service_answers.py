@@ -14,8 +14,8 @@ from tuner.describe import RecommendationContext, boundary_line, hardware_line
 from tuner.runs import RunRecord
 from tuner.schedule_runs import ScheduleBest, ScheduleRun
 from tuner.schedules import Schedule
-from tuner.scoring import BOUNDARIES, Capacity, Score
-from tuner.service import build_api
+from tuner.analysis.scoring import BOUNDARIES, Capacity, Score
+from tuner.service.api import build_api
 from tuner.storage import StoredScheduleRun, TrialState, ValidationMark
 from tuner.studies import LocalStudies
 from tuner.study.events import RunReport, TrialStarted, TrialSummary, logged_dict

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from factories import scored_trial
-from tuner.diagnosis import Limit, LimitingResource
+from tuner.analysis.diagnosis import Limit, LimitingResource
 from tuner.search_spaces.loading import parse_space
 from tuner.study.capacity_plan import remedy, space_highest
 from tuner.workers.engine_config import EngineConfig

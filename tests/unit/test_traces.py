@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tuner.errors import TraceFormatError, TunerError
+from tuner.common.errors import TraceFormatError, TunerError
 from tuner.traces.readers import read_trace
 from tuner.traces.records import Trace, TraceFit, TraceRequest, Transformation
 from tuner.traces.stats import trace_stats, typical_reuse_window

@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from factories import MACHINE, probe_ladder, request_records, study_settings, trial_record
-from tuner.capacity import SETTLED_FROM_START, LoadPolicy
+from tuner.analysis.capacity import SETTLED_FROM_START, LoadPolicy
 from tuner.storage import Repository, StoredTrial, TrialState
 from tuner.study.budget import LaunchCost
 from tuner.study.launch_time import expected_trial_s, launch_cost

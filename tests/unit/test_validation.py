@@ -13,7 +13,7 @@ import pytest
 from scipy import stats
 
 from factories import MACHINE, measurement
-from tuner.scoring import Capacity, Score
+from tuner.analysis.scoring import Capacity, Score
 from tuner.storage import StoredTrial, TrialState, ValidationMark
 from tuner.validation import (Arm, ArmResult, Pairing, Validation, gain_interval, interleaved, latest_validation,
                               paired_design, pairing, validations)

@@ -7,7 +7,7 @@ from typing import Annotated, Any, Optional
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tuner.kv_budget import ModelMemory
+from tuner.analysis.kv_budget import ModelMemory
 
 
 # The answers' shapes, declared for the service's OpenAPI document. An answer may carry more than is declared
@@ -52,8 +52,8 @@ class ModelAnswer(Answer):
 
 
 class ProbeLengthAnswer(Answer):
-    """How long the study's trials will replay (`tuner.capacity.ProbeLength`): its probe at the reference load (the
-    requests, their offered req/s and how long their arrivals last), how long any other probe's arrivals last at
+    """How long the study's trials will replay (`tuner.analysis.capacity.ProbeLength`): its probe at the reference load
+    (the requests, their offered req/s and how long their arrivals last), how long any other probe's arrivals last at
     least, a trial's probes at most, and the least a trial that runs them all replays for."""
 
     requests: int
@@ -73,7 +73,7 @@ class TraceAnswer(Answer):
 
 
 class BoundaryAnswer(Answer):
-    """The limits a recommendation meets (`tuner.scoring.Boundary`); None where the boundary sets no limit."""
+    """The limits a recommendation meets (`tuner.analysis.scoring.Boundary`); None where the boundary sets no limit."""
 
     name: str
     ttft_p95_s: Optional[Number]
@@ -87,7 +87,7 @@ class BoundaryAnswer(Answer):
 
 
 class HardwareAnswer(Answer):
-    """The machine a trial ran on (`tuner.hardware.HardwareInfo`); the GPU fields describe the first GPU."""
+    """The machine a trial ran on (`tuner.common.hardware.HardwareInfo`); the GPU fields describe the first GPU."""
 
     accelerator: str = Field(description="cuda or cpu")
     gpu_model: Optional[str]
@@ -125,7 +125,7 @@ class MeasurementSummary(Answer):
 class CapacityAnswer(Answer):
     """What a load search found: the highest passing offered load (req/s; None when no probe passed), that load
     against the reference load and the trace's recorded rate, the lowest load above it that did not pass, the
-    probes run, and why the search ended (`tuner.scoring.Capacity`)."""
+    probes run, and why the search ended (`tuner.analysis.scoring.Capacity`)."""
 
     rps: Optional[Number]
     factor: Optional[Number]
@@ -136,8 +136,8 @@ class CapacityAnswer(Answer):
 
 
 class ScoreAnswer(Answer):
-    """A trial's score as stored (`tuner.scoring.Score`): completed throughput, p95 end-to-end latency, output rate
-    and completion ratio, each limit's distance (<= 0 when met) and the violations, its capacity after a load
+    """A trial's score as stored (`tuner.analysis.scoring.Score`): completed throughput, p95 end-to-end latency, output
+    rate and completion ratio, each limit's distance (<= 0 when met) and the violations, its capacity after a load
     search, and whether it met the boundary."""
 
     completed_rps: Number
@@ -154,7 +154,8 @@ class ScoreAnswer(Answer):
 
 
 class RejectionAnswer(Answer):
-    """A proposal the search space's rules refused before launch (`tuner.scoring.Rejection`): never feasible."""
+    """A proposal the search space's rules refused before launch (`tuner.analysis.scoring.Rejection`): never
+    feasible."""
 
     feasible: bool
     violations: list[str]
@@ -162,7 +163,8 @@ class RejectionAnswer(Answer):
 
 class LimitingResourceAnswer(Answer):
     """What holds a configuration back at the load where it stops meeting its boundary
-    (`tuner.diagnosis.LimitingResource`): the kind of limit, that load, the figures behind it and a sentence."""
+    (`tuner.analysis.diagnosis.LimitingResource`): the kind of limit, that load, the figures behind it and a
+    sentence."""
 
     kind: str
     at_rps: Optional[Number]
@@ -247,8 +249,8 @@ class ValidationAnswer(Answer):
 
 
 class MeasuredCapacityAnswer(Answer):
-    """A configuration's capacity within the boundary (`tuner.replicas.MeasuredCapacity`), req/s: the central value,
-    its 95% interval (the high end None where unbounded) and the launches behind it (1: measured once)."""
+    """A configuration's capacity within the boundary (`tuner.analysis.replicas.MeasuredCapacity`), req/s: the central
+    value, its 95% interval (the high end None where unbounded) and the launches behind it (1: measured once)."""
 
     rps: Number
     low: Number
@@ -258,15 +260,16 @@ class MeasuredCapacityAnswer(Answer):
 
 
 class ReplicaCountAnswer(Answer):
-    """Replicas that carry a rate (`tuner.replicas.ReplicaCount`): at the capacity's high end and at its low end."""
+    """Replicas that carry a rate (`tuner.analysis.replicas.ReplicaCount`): at the capacity's high end and at its low
+    end."""
 
     low: int
     high: int
 
 
 class DayPlanAnswer(Answer):
-    """One configuration over a day (`tuner.replicas.DayPlan`): replicas per hour, and [low, high] of its slot-hours,
-    its cost per day and per million output tokens (None without a price)."""
+    """One configuration over a day (`tuner.analysis.replicas.DayPlan`): replicas per hour, and [low, high] of its
+    slot-hours, its cost per day and per million output tokens (None without a price)."""
 
     replicas: list[ReplicaCountAnswer] = Field(description="Hour 0 to 23")
     slot_hours: list[Number] = Field(description="GPU-hours (CPU slot-hours on the CPU build) a day, [low, high]")
@@ -275,8 +278,8 @@ class DayPlanAnswer(Answer):
 
 
 class PeakAnswer(Answer):
-    """The peak rate planned for (`tuner.replicas.PeakRate`): req/s, where its window starts in the trace and its
-    length (0 for a peak given by hand)."""
+    """The peak rate planned for (`tuner.analysis.replicas.PeakRate`): req/s, where its window starts in the trace and
+    its length (0 for a peak given by hand)."""
 
     rps: Number
     start_s: Number

@@ -84,7 +84,8 @@ class TrialScore(ScoreAnswer):
 # Pydantic orders fields from the last base to the first, then the class's own: the score, then where it was
 # measured.
 class BestSoFar(StatedContext, TrialScore):
-    """The recommendation so far, with its score and what holds it back (`tuner.diagnosis.LimitingResource`)."""
+    """The recommendation so far, with its score and what holds it back
+    (`tuner.analysis.diagnosis.LimitingResource`)."""
 
     limiting_resource: Optional[LimitingResourceAnswer] = None
 
@@ -99,7 +100,7 @@ class BaselineAnswer(Answer):
     failure_class: Optional[str]
     # Tried in this order: a rejection is not a score, and `{}` is neither.
     score: Union[ScoreAnswer, RejectionAnswer, Empty] = Field(union_mode="left_to_right")
-    # What holds it back (`tuner.diagnosis.LimitingResource`), where the answer says (study status).
+    # What holds it back (`tuner.analysis.diagnosis.LimitingResource`), where the answer says (study status).
     limiting_resource: Optional[LimitingResourceAnswer] = None
 
     @property

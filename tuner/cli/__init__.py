@@ -18,8 +18,8 @@ from tuner.cli.space import space_app
 from tuner.cli.study import study_app
 from tuner.cli.trace import trace_app
 from tuner.cli.trial import trial_app
-from tuner.console import err
-from tuner.errors import TunerError
+from tuner.common.console import err
+from tuner.common.errors import TunerError
 
 app = typer.Typer(help="Find the vLLM engine settings that serve your own traffic best, by measuring them.",
                   no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False)

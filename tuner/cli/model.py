@@ -10,8 +10,8 @@ import typer
 from rich.table import Table
 
 from tuner.cli.options import JsonOption
-from tuner.console import out, print_json
-from tuner.models import inspect_model, shipped_architectures, write_architecture, write_tiny_model
+from tuner.common.console import out, print_json
+from tuner.common.models import inspect_model, shipped_architectures, write_architecture, write_tiny_model
 
 model_app = typer.Typer(help="Models that need no download.", no_args_is_help=True)
 

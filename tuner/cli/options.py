@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
-from tuner.capacity import LoadPolicy
+from tuner.analysis.capacity import LoadPolicy
 from tuner.study.plan import StoragePlan
 from tuner.traces.selection import TraceSelection
 
@@ -113,7 +113,7 @@ def study_answers(server: str | None, token_file: Path | None, storage: str | No
     """The study answers: asked of the service at `server`, or read from the storage here."""
     if server:
         # lazy: keeps the CLI's start fast (the answers' pydantic models)
-        from tuner.service_client import remote_studies
+        from tuner.service.client import remote_studies
 
         return remote_studies(server, token_file)
     from tuner.studies import LocalStudies

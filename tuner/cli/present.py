@@ -10,19 +10,19 @@ from typing import TYPE_CHECKING
 from rich.table import Table
 from rich.text import Text
 
-from tuner.capacity import JudgedProbe
-from tuner.console import fmt, out
+from tuner.analysis.capacity import JudgedProbe
+from tuner.common.console import fmt, out
 from tuner.describe import context_line, throughput_line
-from tuner.durations import format_duration
-from tuner.replicas import MeasuredCapacity, ReplicaCount
-from tuner.scoring import Score, capacity_line
+from tuner.common.durations import format_duration
+from tuner.analysis.replicas import MeasuredCapacity, ReplicaCount
+from tuner.analysis.scoring import Score, capacity_line
 from tuner.study.recommendation import capacity_sentence, gain_sentence
 
 if TYPE_CHECKING:
     from tuner.answers import (BaselineAnswer, BestSoFar, LimitingResourceAnswer, MeasuredCapacityAnswer, PlanAnswer,
                                ProbeLengthAnswer, RecommendationAnswer, ReplicaCountAnswer, ReportAnswer,
                                TrialRowAnswer)
-    from tuner.scoring import Capacity
+    from tuner.analysis.scoring import Capacity
     from tuner.study.events import TrialSummary
     from tuner.workers.probes import Probe
 

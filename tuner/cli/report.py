@@ -19,13 +19,13 @@ from tuner.cli.options import (ArtifactsOption, BoundaryOption, CapOption, Engin
                                SpreadOption, StartupTimeoutOption, StorageOption, StudyArgument, TokenFileOption,
                                WindowOption, load_policy, study_answers, trace_selection)
 from tuner.cli.present import ladder_capacity_line, print_probe_ladder, print_report_lines, report_trial_line
-from tuner.console import err, fmt, out, print_json, progress_bar
+from tuner.common.console import err, fmt, out, print_json, progress_bar
 from tuner.describe import boundary_line
-from tuner.errors import TunerError
-from tuner.models import default_model
-from tuner.paths import bundled_trace
-from tuner.scoring import capacity_line, parse_limits
-from tuner.scoring import boundary as make_boundary
+from tuner.common.errors import TunerError
+from tuner.common.models import default_model
+from tuner.common.paths import bundled_trace
+from tuner.analysis.scoring import capacity_line, parse_limits
+from tuner.analysis.scoring import boundary as make_boundary
 from tuner.workers.engine_config import EngineConfig
 
 if TYPE_CHECKING:

@@ -17,9 +17,9 @@ from rich.progress import Progress, TaskID
 from tuner.cli.options import (ArtifactsOption, JsonOption, PairingOption, RayAddressOption, RepeatsOption,
                                ServerOption, StorageOption, StudyArgument, TokenFileOption, TopOption, storage_plan)
 from tuner.cli.present import summary_line
-from tuner.console import err, out, print_json, progress_bar
-from tuner.durations import parse_duration
-from tuner.errors import TunerError
+from tuner.common.console import err, out, print_json, progress_bar
+from tuner.common.durations import parse_duration
+from tuner.common.errors import TunerError
 from tuner.validation import DEFAULT_REPEATS, DEFAULT_TOP
 
 if TYPE_CHECKING:  # annotations only: the commands load what they run when they run
@@ -315,7 +315,7 @@ def _run_on_service(settings: RunSettings, shown: RunProgress) -> RunReport:
     """Start the run on the service and follow it. SIGINT or SIGTERM here stops it there, as a local run stops,
     and it is followed until it has (a second one stops following at once)."""
     # lazy: keeps the CLI's start fast (the answers' pydantic models; tuner.supervisor: ~10 ms)
-    from tuner.service_client import remote_studies
+    from tuner.service.client import remote_studies
     from tuner.supervisor import RunState
 
     name, server = settings.name, settings.server

@@ -9,8 +9,8 @@ import typer
 from rich.table import Table
 
 from tuner.cli.options import ArtifactsOption, JsonOption, StorageOption, storage_plan
-from tuner.console import err, out, print_json
-from tuner.durations import parse_duration
+from tuner.common.console import err, out, print_json
+from tuner.common.durations import parse_duration
 from tuner.storage.urls import redact_url
 
 schedule_app = typer.Typer(help="Schedules: a study resumed at set times for a set window (say every night at "

@@ -14,10 +14,10 @@ from typing import Annotated, Optional
 import typer
 from optuna.artifacts import FileSystemArtifactStore
 
-from tuner.api_token import read_token
+from tuner.common.api_token import read_token
 from tuner.cli.options import ArtifactsOption, RayAddressOption, StorageOption, storage_plan
-from tuner.console import err
-from tuner.errors import TunerError
+from tuner.common.console import err
+from tuner.common.errors import TunerError
 from tuner.storage.urls import redact_url
 
 # Read by Ray as it is imported: at 0 its node address is loopback, so a local cluster listens on loopback only.
@@ -64,7 +64,7 @@ def serve(
         os.environ[RAY_LOOPBACK_ENV] = "0"
     os.environ.setdefault(SERVE_PROXY_READY_ENV, SERVE_PROXY_READY_S)
     # lazy: keeps the CLI's start fast (FastAPI, Ray Serve) and loads Ray only once the environment above is set
-    from tuner.service import ServiceConfig, host_service
+    from tuner.service.api import ServiceConfig, host_service
 
     token = read_token(token_file)
     if token is None and not loopback:

@@ -10,12 +10,12 @@ from rich.table import Table
 
 from tuner.cli.options import (CapOption, FitOption, FormatOption, ModelOption, RateOption, SpreadOption, TraceOption,
                                WindowOption, trace_selection)
-from tuner.console import out, print_json
-from tuner.errors import TunerError
-from tuner.hardware import detect_hardware
-from tuner.kv_budget import DeviceMemory, read_model_memory
-from tuner.models import default_model
-from tuner.paths import bundled_trace
+from tuner.common.console import out, print_json
+from tuner.common.errors import TunerError
+from tuner.common.hardware import detect_hardware
+from tuner.analysis.kv_budget import DeviceMemory, read_model_memory
+from tuner.common.models import default_model
+from tuner.common.paths import bundled_trace
 from tuner.traces.selection import load_trace
 
 space_app = typer.Typer(help="Search spaces.", no_args_is_help=True)

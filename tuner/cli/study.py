@@ -15,10 +15,10 @@ from tuner.cli.options import (BOUNDARY_HELP, ArtifactsOption, JsonOption, Limit
                                TokenFileOption, study_answers)
 from tuner.cli.present import best_so_far_line, default_line, print_plan, print_recommendation, probe_length_line
 from tuner.cli.run import study_run, study_validate
-from tuner.console import err, out, print_json
-from tuner.durations import parse_duration
-from tuner.errors import TunerError
-from tuner.replicas import read_hourly_rates
+from tuner.common.console import err, out, print_json
+from tuner.common.durations import parse_duration
+from tuner.common.errors import TunerError
+from tuner.analysis.replicas import read_hourly_rates
 
 study_app = typer.Typer(help="Studies: a search over engine configurations, measured trial by trial.",
                         no_args_is_help=True)

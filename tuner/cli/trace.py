@@ -10,7 +10,7 @@ from rich.table import Table
 
 from tuner.cli.options import (CapOption, FitOption, FormatOption, JsonOption, RateOption, SpreadOption, WindowOption,
                                trace_selection)
-from tuner.console import out, print_json
+from tuner.common.console import out, print_json
 from tuner.traces.selection import TraceSelection, load_trace
 from tuner.traces.stats import trace_stats, typical_reuse_window
 

@@ -10,19 +10,19 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from tuner.capacity import JudgedProbe, capacity_of
+from tuner.analysis.capacity import JudgedProbe, capacity_of
 from tuner.cli.options import (BoundaryOption, CapOption, EngineArgOption, FitOption, FormatOption, LimitOption,
                                LoadOption, LoadRangeOption, PrecisionOption, ProbeBudgetOption, ProbeRequestsOption,
                                ProbeSecondsOption, PromptSeedOption, RateOption, ReplayedTraceOption,
                                RequestTimeoutOption, ServedModelOption, SetOption, SpreadOption, StartupTimeoutOption,
                                WindowOption, load_policy, trace_selection)
 from tuner.cli.present import print_probe_ladder
-from tuner.console import fmt, out, print_json, progress_bar
-from tuner.diagnosis import EngineCaps, limiting_resource
-from tuner.models import default_model, inspect_model
-from tuner.paths import bundled_trace
-from tuner.scoring import parse_limits
-from tuner.scoring import boundary as named_boundary
+from tuner.common.console import fmt, out, print_json, progress_bar
+from tuner.analysis.diagnosis import EngineCaps, limiting_resource
+from tuner.common.models import default_model, inspect_model
+from tuner.common.paths import bundled_trace
+from tuner.analysis.scoring import parse_limits
+from tuner.analysis.scoring import boundary as named_boundary
 from tuner.traces.selection import load_trace
 from tuner.workers.engine_config import EngineConfig
 from tuner.workers.trial import TrialSpec, run_trial

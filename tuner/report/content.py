@@ -12,11 +12,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from tuner.capacity import JudgedProbe
+from tuner.analysis.capacity import JudgedProbe
 from tuner.describe import boundary_line, hardware_line, own_dtype, recommendation_dict
-from tuner.diagnosis import LimitingResource
+from tuner.analysis.diagnosis import LimitingResource
 from tuner.report.data import ReportData
-from tuner.scoring import Capacity, capacity_line
+from tuner.analysis.scoring import Capacity, capacity_line
 from tuner.storage import StoredTrial, StudySettings, TrialState
 from tuner.storage.spend import GpuTime
 from tuner.traces.records import TraceFit

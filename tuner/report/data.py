@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, Any
 import optuna
 from optuna.trial import TrialState, create_trial
 
-from tuner.capacity import capacity_of
-from tuner.errors import TunerError
-from tuner.kv_budget import logged_kv_tokens
-from tuner.scoring import Boundary, Capacity, boundary
+from tuner.analysis.capacity import capacity_of
+from tuner.common.errors import TunerError
+from tuner.analysis.kv_budget import logged_kv_tokens
+from tuner.analysis.scoring import Boundary, Capacity, boundary
 from tuner.storage import Repository, StoredTrial, StudyModel, StudySettings, trial_dir
 from tuner.storage.records import StoredRun
 from tuner.storage.spend import Spend

@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING
 
 import optuna
 
-from tuner.capacity import JudgedProbe, Verdict
+from tuner.analysis.capacity import JudgedProbe, Verdict
 from tuner.report.data import ReportData, pareto_study, quiet_optuna
 from tuner.report.figure_style import COLORS, layout, log_ticks, role_color, trial_label
-from tuner.scoring import Boundary, Capacity
+from tuner.analysis.scoring import Boundary, Capacity
 from tuner.storage import StoredTrial
 
 if TYPE_CHECKING:

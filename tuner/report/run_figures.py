@@ -9,7 +9,7 @@ from __future__ import annotations
 from itertools import cycle
 from typing import TYPE_CHECKING
 
-from tuner.replicas import MeasuredCapacity, replicas_for
+from tuner.analysis.replicas import MeasuredCapacity, replicas_for
 from tuner.report.content import DEFAULT_LABEL
 from tuner.report.data import ReportData, config_text
 from tuner.report.figure_style import COLORS, layout, log_ticks, role_color, trial_label

@@ -11,7 +11,7 @@ from typing import Any
 from pydantic import Field, GetCoreSchemaHandler
 from pydantic_core import core_schema
 
-from tuner.errors import TunerError
+from tuner.common.errors import TunerError
 from tuner.search_spaces.messages import refused
 from tuner.search_spaces.settings import SETTING_KINDS, Record, Scalar
 from tuner.workers.engine_config import EngineConfig

@@ -6,12 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from tuner.errors import TunerError
-from tuner.kv_budget import DeviceMemory, ModelMemory
+from tuner.common.errors import TunerError
+from tuner.analysis.kv_budget import DeviceMemory, ModelMemory
 from tuner.traces.transforms import FIT_MODES
 
 if TYPE_CHECKING:
-    from tuner.models import ModelInfo
+    from tuner.common.models import ModelInfo
     from tuner.traces.records import Trace
 
 

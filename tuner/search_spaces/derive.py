@@ -1,9 +1,9 @@
 """A search space derived from the model, the device and the trace, with the reason for every range.
 
-The KV budget decides most of it (tuner.kv_budget): the contexts come from the trace's lengths, the memory range
-from the least that holds one request of the shortest context, the batch sizes from the cache over the trace's
-mean context and from its prompt lengths, each a short grid because it keys vLLM's compile cache. The result is
-written as a search space file, reasons as comments, and stored with a study like a hand-written one.
+The KV budget decides most of it (tuner.analysis.kv_budget): the contexts come from the trace's lengths, the memory
+range from the least that holds one request of the shortest context, the batch sizes from the cache over the trace's
+mean context and from its prompt lengths, each a short grid because it keys vLLM's compile cache. The result is written
+as a search space file, reasons as comments, and stored with a study like a hand-written one.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from pathlib import Path
 import yaml
 
 from tuner.search_spaces import SearchSpace, parse_space
-from tuner.errors import TunerError
-from tuner.kv_budget import GiB, BLOCK_TOKENS, DeviceMemory, Fit, ModelMemory, estimate_kv
+from tuner.common.errors import TunerError
+from tuner.analysis.kv_budget import GiB, BLOCK_TOKENS, DeviceMemory, Fit, ModelMemory, estimate_kv
 from tuner.traces.records import Trace
 from tuner.traces.stats import percentile
 from tuner.workers.engine_config import EngineConfig

@@ -8,8 +8,8 @@ from pathlib import Path
 import yaml
 from pydantic import ValidationError
 
-from tuner.errors import TunerError
-from tuner.paths import shipped_root
+from tuner.common.errors import TunerError
+from tuner.common.paths import shipped_root
 from tuner.search_spaces.file_format import SpaceFile
 from tuner.search_spaces.messages import explained, located
 from tuner.search_spaces.space import SearchSpace

@@ -11,7 +11,7 @@ from typing import Annotated, Any, Union, get_args, get_origin
 from pydantic import BaseModel, ValidationError, ValidatorFunctionWrapHandler, WrapValidator
 from pydantic_core import ErrorDetails, PydanticCustomError
 
-from tuner.errors import TunerError
+from tuner.common.errors import TunerError
 
 
 def refused(message: str, key: str | None = None) -> PydanticCustomError:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from tuner.kv_budget import Fit, estimate_kv
+from tuner.analysis.kv_budget import Fit, estimate_kv
 from tuner.search_spaces.context import PLATFORMS, SpaceContext
 from tuner.workers.engine_config import EngineConfig
 

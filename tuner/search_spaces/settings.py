@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, StrictBool, StrictFloat, StrictInt, StrictStr
 
-from tuner.errors import TunerError
+from tuner.common.errors import TunerError
 from tuner.search_spaces.messages import refused, refused_as, shown
 from tuner.workers.engine_config import EngineConfig
 

@@ -10,11 +10,11 @@ from dataclasses import asdict, dataclass, field, fields
 from enum import StrEnum
 from typing import Any
 
-from tuner.hardware import HardwareInfo
-from tuner.kv_budget import ModelMemory
-from tuner.models import ModelInfo
-from tuner.capacity import JudgedProbe, LoadPolicy
-from tuner.scoring import BOUNDARIES, Rejection, Score
+from tuner.common.hardware import HardwareInfo
+from tuner.analysis.kv_budget import ModelMemory
+from tuner.common.models import ModelInfo
+from tuner.analysis.capacity import JudgedProbe, LoadPolicy
+from tuner.analysis.scoring import BOUNDARIES, Rejection, Score
 from tuner.traces.records import TraceFit
 from tuner.traces.selection import TraceSelection
 from tuner.workers.engine_config import EngineConfig
@@ -75,7 +75,7 @@ class StudySettings:
     trace_path: str
     trace_sha256: str
     trace_selection: TraceSelection  # window, rate scale, request cap... as chosen by the user
-    boundary: str  # a name in tuner.scoring.BOUNDARIES
+    boundary: str  # a name in tuner.analysis.scoring.BOUNDARIES
     limits: dict[str, float | None]  # the user's overrides of the boundary's limits, by limit name (None lifts one)
     space_name: str
     space_text: str  # the search space's YAML, verbatim

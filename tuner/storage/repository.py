@@ -17,8 +17,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from tuner.storage.records import StoredRun, StoredScheduleRun, StoredTrial, StudySettings
 from tuner.storage.schema import Base, RequestRow, RunRow, ScheduleRunRow, StudyRow, TraceRow, TrialRow
 from tuner.storage.urls import redact_url
-from tuner.errors import NotFound, TunerError
-from tuner.paths import shipped_root
+from tuner.common.errors import NotFound, TunerError
+from tuner.common.paths import shipped_root
 from tuner.traces.records import Trace
 from tuner.traces.stats import TraceStats
 from tuner.workers.request_record import RequestRecord

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from tuner.durations import format_duration
+from tuner.common.durations import format_duration
 from tuner.storage.records import StoredRun, StoredTrial
 from tuner.workers.compile_cache import CompileCache
 

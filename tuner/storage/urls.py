@@ -8,7 +8,7 @@ from pathlib import Path
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
-from tuner.paths import tuner_home
+from tuner.common.paths import tuner_home
 
 _USERINFO_PASSWORD = re.compile(r"(://[^:/@?#]*:)[^@]*@")
 # libpq also takes the password as a query parameter.

@@ -14,7 +14,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from tuner.durations import format_duration
+from tuner.common.durations import format_duration
 
 
 def launches_s(launches: int, slots: int, launch_s: float) -> float:

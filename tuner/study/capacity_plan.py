@@ -2,8 +2,8 @@
 model's own precision carry the user's traffic within the boundary, at its peak and hour by hour over a day, and
 whether a setting or another replica is what each one's measurement supports.
 
-The arithmetic is `tuner.replicas`; this module reads the study (its recommendation, validation and trace) and says
-where each figure comes from.
+The arithmetic is `tuner.analysis.replicas`; this module reads the study (its recommendation, validation and trace) and
+says where each figure comes from.
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tuner.diagnosis import Limit, LimitingResource
-from tuner.errors import TunerError
-from tuner.replicas import (DEFAULT_HEADROOM, DEFAULT_PEAK_WINDOW_S, LARGEST, DayPlan, MeasuredCapacity, PeakRate,
-                            ReplicaCount, busiest_window, check_headroom, check_price, check_rate, day_plan,
-                            hourly_rates, replicas_for)
-from tuner.scoring import boundary
+from tuner.analysis.diagnosis import Limit, LimitingResource
+from tuner.common.errors import TunerError
+from tuner.analysis.replicas import (DEFAULT_HEADROOM, DEFAULT_PEAK_WINDOW_S, LARGEST, DayPlan, MeasuredCapacity,
+                                     PeakRate, ReplicaCount, busiest_window, check_headroom, check_price, check_rate,
+                                     day_plan, hourly_rates, replicas_for)
+from tuner.analysis.scoring import boundary
 from tuner.study.recommendation import Recommendation, find_baseline, recommend, trial_limit
 from tuner.traces.readers import read_trace
 from tuner.traces.transforms import spread_buckets

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import optuna
 
-from tuner.errors import TunerError
-from tuner.hardware import detect_hardware
-from tuner.kv_budget import DeviceMemory, ModelMemory, read_model_memory
-from tuner.models import ModelInfo, inspect_model
-from tuner.samplers import DEFAULT_SAMPLER, make_sampler
-from tuner.capacity import LoadPolicy, ProbeLength
-from tuner.scoring import DIRECTIONS, OBJECTIVE_NAMES, SEARCH_OBJECTIVE_NAMES, Boundary, boundary
+from tuner.common.errors import TunerError
+from tuner.common.hardware import detect_hardware
+from tuner.analysis.kv_budget import DeviceMemory, ModelMemory, read_model_memory
+from tuner.common.models import ModelInfo, inspect_model
+from tuner.search.samplers import DEFAULT_SAMPLER, make_sampler
+from tuner.analysis.capacity import LoadPolicy, ProbeLength
+from tuner.analysis.scoring import DIRECTIONS, OBJECTIVE_NAMES, SEARCH_OBJECTIVE_NAMES, Boundary, boundary
 from tuner.search_spaces import SearchSpace, SpaceContext, load_space, parse_space
 from tuner.search_spaces.context import NOT_ALLOWED
 from tuner.search_spaces.derive import AUTO_SPACE, derive_space

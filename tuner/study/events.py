@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
-from tuner.scoring import Score
+from tuner.analysis.scoring import Score
 from tuner.storage import TrialState, ValidationMark
 from tuner.storage.spend import Spend
 from tuner.study.budget import BudgetPlan

@@ -7,9 +7,9 @@ import math
 import statistics
 import time
 
-from tuner.capacity import SETTLED_FROM_START
-from tuner.durations import format_duration
-from tuner.hardware import detect_hardware
+from tuner.analysis.capacity import SETTLED_FROM_START
+from tuner.common.durations import format_duration
+from tuner.common.hardware import detect_hardware
 from tuner.storage import Repository, StoredTrial, StudySettings, TrialState
 from tuner.study.budget import BudgetPlan, LaunchCost, RunBudget
 from tuner.study.events import BUDGET_KEPT, BUDGET_SPENT

@@ -11,9 +11,9 @@ from pathlib import Path
 import optuna
 from optuna.trial import FrozenTrial
 
-from tuner.kv_budget import KvPrediction, estimate_kv
-from tuner.kv_traffic import kv_traffic_bound, tpot_floor
-from tuner.pruning import BoundaryWatch, VerdictWatch
+from tuner.analysis.kv_budget import KvPrediction, estimate_kv
+from tuner.search.kv_traffic import kv_traffic_bound, tpot_floor
+from tuner.search.pruning import BoundaryWatch, VerdictWatch
 from tuner.storage import StoredTrial, ValidationMark
 from tuner.study.attrs import BASELINE_ATTR, KV_PREDICTION_ATTR, ON_DEFAULT_ATTR, VALIDATION_ATTR
 from tuner.study.events import RunEvent, TrialStarted, TrialSummary
@@ -115,7 +115,7 @@ class TrialLaunches:
 
     def _short_of_best(self, config: EngineConfig, trace: Trace, trials: list[StoredTrial]) -> str | None:
         """Why `config`'s KV cache cannot carry the traffic the best search trial so far carries whole
-        (`tuner.kv_traffic`); None where it might, or where nothing measured yet bounds it."""
+        (`tuner.search.kv_traffic`); None where it might, or where nothing measured yet bounds it."""
         best = max((t.scored.carried_rps for t in candidates(trials)
                     if t.scored is not None and t.scored.capacity is not None), default=None)
         model, device = self.opened.ctx.space_context.model_memory, self.opened.ctx.space_context.device

@@ -13,12 +13,12 @@ import optuna
 from optuna.trial import FrozenTrial
 from optuna.trial import TrialState as OptunaState
 
-from tuner.bottleneck import measurement_attrs
-from tuner.capacity import JudgedProbe, capacity_of
-from tuner.diagnosis import LIMITING_RESOURCE_ATTR, EngineCaps, limiting_resource
-from tuner.hardware import detect_hardware
-from tuner.kv_budget import logged_kv_tokens
-from tuner.scoring import Boundary, Rejection, Score, score
+from tuner.search.bottleneck import measurement_attrs
+from tuner.analysis.capacity import JudgedProbe, capacity_of
+from tuner.analysis.diagnosis import LIMITING_RESOURCE_ATTR, EngineCaps, limiting_resource
+from tuner.common.hardware import detect_hardware
+from tuner.analysis.kv_budget import logged_kv_tokens
+from tuner.analysis.scoring import Boundary, Rejection, Score, score
 from tuner.search_spaces import PREDICTED_KV_INSUFFICIENT
 from tuner.storage import StoredTrial, TrialState
 from tuner.storage.artifacts import attach_trial_artifacts

@@ -12,7 +12,7 @@ from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 from optuna.trial import FrozenTrial
 from optuna.trial import TrialState as OptunaState
 
-from tuner.samplers import make_sampler
+from tuner.search.samplers import make_sampler
 from tuner.storage import Repository, StoredTrial, StudySettings, ValidationMark
 from tuner.storage.artifacts import trial_dir
 from tuner.study.attrs import BASELINE_ATTR, ON_DEFAULT_ATTR, RERUN_ATTR, VALIDATION_ATTR

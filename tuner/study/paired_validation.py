@@ -8,7 +8,7 @@ import dataclasses
 import time
 from collections.abc import Callable
 
-from tuner.hardware import detect_hardware
+from tuner.common.hardware import detect_hardware
 from tuner.storage import TrialState
 from tuner.study.attrs import VALIDATION_ATTR
 from tuner.study.events import STOP_POLL_S, PoolReady, RunEvent, RunReport, TrialSummary

@@ -15,7 +15,7 @@ import optuna
 from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 from optuna.trial import FrozenTrial
 
-from tuner.errors import NotFound
+from tuner.common.errors import NotFound
 from tuner.storage import Repository
 from tuner.storage.artifacts import trial_dir
 from tuner.storage.urls import default_artifact_dir, default_storage_url

@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from tuner.diagnosis import EngineCaps, LimitingResource, limiting_resource
-from tuner.scoring import Boundary, Score, boundary, capacity_line
+from tuner.analysis.diagnosis import EngineCaps, LimitingResource, limiting_resource
+from tuner.analysis.scoring import Boundary, Score, boundary, capacity_line
 from tuner.storage import Repository, StoredTrial, StudySettings, TrialState
 from tuner.study.attrs import BASELINE_ATTR
 from tuner.validation import Validation, latest_validation

@@ -16,8 +16,8 @@ from optuna.storages import fail_stale_trials
 from optuna.trial import TrialState as OptunaState
 from sqlalchemy.exc import OperationalError
 
-from tuner.errors import TunerError
-from tuner.hardware import detect_hardware
+from tuner.common.errors import TunerError
+from tuner.common.hardware import detect_hardware
 from tuner.storage import DatabaseUnreachable, TrialState
 from tuner.study.budget import RunBudget
 from tuner.study.events import (BUDGET_END, NO_TIME_LEFT, STOP_POLL_S, WINDOW_END, BudgetPlanned, PoolReady, RunEvent,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tuner.errors import TunerError
+from tuner.common.errors import TunerError
 from tuner.storage import Repository, StudySettings
 from tuner.study.attrs import WARM_START_ATTR
 from tuner.study.create import enqueue_config, stored_space

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 
-from tuner.errors import TraceFormatError, TunerError
+from tuner.common.errors import TraceFormatError, TunerError
 from tuner.traces.records import Trace, TraceRequest, Transformation
 
 # Bounds that keep later float arithmetic (percentiles, rates) finite; no real trace comes near them.

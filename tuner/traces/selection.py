@@ -6,7 +6,7 @@ import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from tuner.errors import TunerError
+from tuner.common.errors import TunerError
 from tuner.traces.readers import read_trace
 from tuner.traces.records import Trace
 from tuner.traces.transforms import FIT_MODES, cap_requests, fit_to_context, scale_rate, spread_buckets, window

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from tuner.errors import TunerError
+from tuner.common.errors import TunerError
 from tuner.traces.records import Trace, TraceRequest
 
 

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from tuner.errors import TunerError
+from tuner.common.errors import TunerError
 from tuner.traces.records import PREFIX_BLOCK_TOKENS, Trace, TraceRequest, Transformation
 
 FIT_MODES = ("clip", "scale")

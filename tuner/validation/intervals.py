@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tuner.replicas import MeasuredCapacity
+from tuner.analysis.replicas import MeasuredCapacity
 
 
 CONFIDENCE = 0.95

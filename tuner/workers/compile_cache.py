@@ -8,7 +8,7 @@ import re
 from enum import Enum
 from pathlib import Path
 
-from tuner.paths import tuner_home
+from tuner.common.paths import tuner_home
 
 CACHE_ROOT_VAR = "VLLM_CACHE_ROOT"  # vLLM keeps torch.compile's artifacts (inductor's, Triton's) under it
 

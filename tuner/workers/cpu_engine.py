@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from tuner.hardware import detect_hardware
+from tuner.common.hardware import detect_hardware
 
 # vLLM's CPU build reads these (envs.py): the worker in the engine core's process or its own; the cores its own
 # process's OpenMP threads are bound to; and OpenMP's own count, which in-process mode leaves to the environment.

@@ -6,7 +6,7 @@ import shlex
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
-from tuner.errors import TunerError
+from tuner.common.errors import TunerError
 
 _DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")
 _KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16")

@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import psutil
 
-from tuner.models import inspect_model
+from tuner.common.models import inspect_model
 from tuner.workers.compile_cache import engine_cache_env
 from tuner.workers.cpu_engine import cpu_engine_env
 from tuner.workers.engine_config import EngineConfig

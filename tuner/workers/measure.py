@@ -195,7 +195,7 @@ class Measurement:
     # TTFT per 1,000 prompt tokens (`RequestRecord.ttft_per_1k_prompt_s`); None for a measurement stored before.
     ttft_per_1k_prompt_s: Percentiles | None = None
     # The fastest finished request's decode time per output token after the first, (e2e - ttft) / (tokens - 1):
-    # a floor on this engine's per-token time (tuner.kv_traffic). From its whole decode rather than its gaps
+    # a floor on this engine's per-token time (tuner.search.kv_traffic). From its whole decode rather than its gaps
     # between chunks, which a chunk of several tokens lengthens. None without a request of two tokens or more, or
     # for a measurement stored before.
     tpot_fastest_s: float | None = None

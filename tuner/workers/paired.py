@@ -35,8 +35,8 @@ from pathlib import Path
 
 import httpx
 
-from tuner.hardware import HardwareInfo, detect_hardware
-from tuner.models import inspect_model
+from tuner.common.hardware import HardwareInfo, detect_hardware
+from tuner.common.models import inspect_model
 from tuner.workers.compile_cache import compile_cache_state
 from tuner.workers.failures import EngineFailure
 from tuner.workers.launch import EngineLaunchError, RunningEngine, read_log, start_engine

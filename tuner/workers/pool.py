@@ -27,7 +27,7 @@ from ray._private.state import available_resources_per_node  # public as a Devel
 from ray.exceptions import RayActorError, RayError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from tuner.errors import TunerError
+from tuner.common.errors import TunerError
 from tuner.workers.cpu_engine import cpu_engine_env, usable_cores
 from tuner.workers.paired import PairedSpec, run_paired
 from tuner.workers.probe_log import PROBE_LOG

@@ -15,7 +15,7 @@ from typing import Protocol
 
 import httpx
 
-from tuner.durations import format_duration
+from tuner.common.durations import format_duration
 from tuner.traces.records import Trace
 from tuner.traces.transforms import cap_requests, repeat, scale_rate
 from tuner.workers.launch import SERVED_MODEL_NAME, RunningEngine

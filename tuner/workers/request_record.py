@@ -18,9 +18,10 @@ class Outcome(str, Enum):
     TIMEOUT = "timeout"  # not finished within the per-request limit
     DISCONNECTED = "disconnected"  # connection refused, reset or closed before the stream ended
     NOT_SENT = "not_sent"  # the replay had ended (engine gone, or stopped) before this request's time came
-    STOPPED = "stopped"  # in flight when the replay was stopped early, its trial hopeless (tuner.pruning.BoundaryWatch)
-    # In flight when its probe was cut, its verdict already certain (tuner.pruning.VerdictWatch): cancelled, so that
-    # the engine frees it at once.
+    # in flight when the replay was stopped early, its trial hopeless (tuner.search.pruning.BoundaryWatch)
+    STOPPED = "stopped"
+    # In flight when its probe was cut, its verdict already certain (tuner.search.pruning.VerdictWatch): cancelled, so
+    # that the engine frees it at once.
     CUT = "cut"
 
 def prompt_thousands(input_tokens: int) -> float:

@@ -11,8 +11,8 @@ from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
 
-from tuner.hardware import HardwareInfo, detect_hardware
-from tuner.models import inspect_model
+from tuner.common.hardware import HardwareInfo, detect_hardware
+from tuner.common.models import inspect_model
 from tuner.traces.records import Trace, TraceFit
 from tuner.workers.compile_cache import compile_cache_state
 from tuner.workers.engine_config import EngineConfig

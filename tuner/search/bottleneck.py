@@ -24,8 +24,8 @@ from optuna.samplers import BaseSampler
 from optuna.study import Study
 from optuna.trial import FrozenTrial, TrialState
 
-from tuner.diagnosis import Figures, Signs
-from tuner.scoring import TTFT_LIMITS
+from tuner.analysis.diagnosis import Figures, Signs
+from tuner.analysis.scoring import TTFT_LIMITS
 from tuner.workers.measure import Measurement
 
 # The settings that size the KV cache, whichever of them a space searches.
@@ -50,8 +50,8 @@ def measurement_attrs(m: Measurement) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class Diagnosis(Signs):
-    """What held one measured configuration back, from vLLM's own figures: the signs of `tuner.diagnosis`, read from
-    a trial's user attributes."""
+    """What held one measured configuration back, from vLLM's own figures: the signs of `tuner.analysis.diagnosis`, read
+    from a trial's user attributes."""
 
     @classmethod
     def of(cls, trial: FrozenTrial) -> Diagnosis:

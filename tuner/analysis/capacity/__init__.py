@@ -11,9 +11,9 @@ probe too short for its own latencies to show the pace (`scoring.pace_undecided`
 inconclusive probe as the bracket's upper edge and says so.
 """
 
-from tuner.capacity.search import (LOAD_MODES, SETTLED_FROM_START, LoadPolicy, LoadSearch, ProbeLength, bracket,
-                                   capacity_of, served_alone)
-from tuner.capacity.verdict import (DECISIVE_REQUESTS, PERCENTILE, PERCENTILE_LIMITS, WILSON_Z, JudgedProbe,
+from tuner.analysis.capacity.search import (LOAD_MODES, SETTLED_FROM_START, LoadPolicy, LoadSearch, ProbeLength,
+                                            bracket, capacity_of, served_alone)
+from tuner.analysis.capacity.verdict import (DECISIVE_REQUESTS, PERCENTILE, PERCENTILE_LIMITS, WILSON_Z, JudgedProbe,
                                     ProbeJudgement, Verdict, judge_probe, wilson_interval)
 
 __all__ = ["DECISIVE_REQUESTS", "LOAD_MODES", "PERCENTILE", "PERCENTILE_LIMITS", "SETTLED_FROM_START", "WILSON_Z",

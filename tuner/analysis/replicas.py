@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tuner.errors import TunerError
+from tuner.common.errors import TunerError
 
 DEFAULT_HEADROOM = 0.8
 DEFAULT_PEAK_WINDOW_S = 60.0

@@ -10,9 +10,9 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
-from tuner.capacity.verdict import DECISIVE_REQUESTS, PERCENTILE_LIMITS, JudgedProbe, Verdict, judge_probe
-from tuner.errors import TunerError
-from tuner.scoring import Boundary, Capacity
+from tuner.analysis.capacity.verdict import DECISIVE_REQUESTS, PERCENTILE_LIMITS, JudgedProbe, Verdict, judge_probe
+from tuner.common.errors import TunerError
+from tuner.analysis.scoring import Boundary, Capacity
 from tuner.traces.records import Trace
 from tuner.workers.probes import FixedLoad, LoadPlan, Probe, ProbeRun, probe_trace
 

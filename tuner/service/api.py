@@ -21,9 +21,9 @@ from pydantic import BaseModel, Field
 
 from tuner.answers import Enqueued, PlanAnswer, RecommendationAnswer, ReportAnswer, StudyCreated, StudyListing
 from tuner.answers.runs import Health, Removed, RunAnswer, ScheduleAnswer, ScheduleRunWithSummary, StudyWithRuns
-from tuner.durations import parse_duration
-from tuner.errors import NotFound, TunerError
-from tuner.replicas import HOURS
+from tuner.common.durations import parse_duration
+from tuner.common.errors import NotFound, TunerError
+from tuner.analysis.replicas import HOURS
 from tuner.runs import RunBook, RunRecord
 from tuner.schedules import ScheduleBook
 from tuner.studies import LocalStudies, NoRecommendation, StudyRequest

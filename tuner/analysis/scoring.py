@@ -1,6 +1,6 @@
 """From a measurement to a score: two objectives, and the limits of a boundary as Optuna constraints.
 
-Objectives: maximize the capacity (the highest load that passes, found by tuner.capacity's load search; at a
+Objectives: maximize the capacity (the highest load that passes, found by tuner.analysis.capacity's load search; at a
 fixed load, the completed requests per second), minimize p95 end-to-end latency at the reference load. A
 boundary says what users will put up with; a trial outside it at the reference load is infeasible (constraint
 values > 0), so it never enters the Pareto front Optuna reports nor the recommendation. A trial that never
@@ -13,7 +13,7 @@ import math
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
-from tuner.errors import TunerError
+from tuner.common.errors import TunerError
 from tuner.workers.measure import Measurement, Pace
 
 OBJECTIVE_NAMES = ("completed_rps", "e2e_p95_s")  # at a fixed load

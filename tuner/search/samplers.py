@@ -16,8 +16,8 @@ from optuna.samplers import BaseSampler
 from optuna.study import Study
 from optuna.trial import FrozenTrial, TrialState
 
-from tuner.bottleneck import BottleneckSampler
-from tuner.errors import TunerError
+from tuner.search.bottleneck import BottleneckSampler
+from tuner.common.errors import TunerError
 
 
 def _tpe(seed: int | None) -> BaseSampler:

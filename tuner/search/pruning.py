@@ -1,8 +1,8 @@
 """End a replay as soon as what it is run to decide is certain, and never one whose outcome could still change.
 
 Two watches share one reckoning. `BoundaryWatch`, the prune, stops a trial whose boundary is certainly broken at its
-reference load. `VerdictWatch` cuts a load search's probe whose verdict (`tuner.capacity.judge_probe`) is certainly a
-failure, so that an overloaded probe does not wait for every request.
+reference load. `VerdictWatch` cuts a load search's probe whose verdict (`tuner.analysis.capacity.judge_probe`) is
+certainly a failure, so that an overloaded probe does not wait for every request.
 
 "Certainly" is checked against every way the rest of the replay could go: requests not yet sent, or in flight and
 not yet over a latency limit, may all meet it, and a request already over a latency limit may still fail instead
@@ -15,8 +15,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from tuner.capacity import PERCENTILE, PERCENTILE_LIMITS, wilson_interval
-from tuner.scoring import Boundary, drain_violation, late_violation
+from tuner.analysis.capacity import PERCENTILE, PERCENTILE_LIMITS, wilson_interval
+from tuner.analysis.scoring import Boundary, drain_violation, late_violation
 from tuner.workers.measure import Pace, early_requests
 from tuner.workers.replay import InFlight, LiveReplay
 from tuner.workers.request_record import Outcome, RequestRecord, prompt_thousands

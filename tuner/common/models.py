@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from tuner.console import err
-from tuner.errors import TunerError
-from tuner.paths import default_tiny_model
+from tuner.common.console import err
+from tuner.common.errors import TunerError
+from tuner.common.paths import default_tiny_model
 
 TINY_VOCAB = 1024
 TINY_MAX_POSITIONS = 4096

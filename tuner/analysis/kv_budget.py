@@ -15,8 +15,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from tuner.errors import TunerError
-from tuner.hardware import HardwareInfo
+from tuner.common.errors import TunerError
+from tuner.common.hardware import HardwareInfo
 from tuner.workers.engine_config import EngineConfig
 
 GiB = 2**30

@@ -9,8 +9,8 @@ from urllib.parse import quote
 
 import httpx
 
-from tuner.api_token import read_token
-from tuner.errors import NotFound, TunerError
+from tuner.common.api_token import read_token
+from tuner.common.errors import NotFound, TunerError
 from tuner.runs import RunRecord
 from tuner.answers import (Enqueued, PlanAnswer, RecommendationAnswer, ReportAnswer, StudyCreated, StudyListing,
                            StudyStatus)

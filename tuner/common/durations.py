@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import re
 
-from tuner.errors import TunerError
+from tuner.common.errors import TunerError
 
 _DURATION = re.compile(r"(?:\d+(?:\.\d+)?[hms])+")
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)([hms])")

@@ -19,9 +19,9 @@ from dataclasses import asdict, dataclass
 from enum import StrEnum
 from typing import Any, Self
 
-from tuner.capacity import JudgedProbe, Verdict
-from tuner.hardware import HardwareInfo
-from tuner.scoring import Boundary
+from tuner.analysis.capacity import JudgedProbe, Verdict
+from tuner.common.hardware import HardwareInfo
+from tuner.analysis.scoring import Boundary
 from tuner.workers.measure import Measurement
 
 KV_FULL = 0.95  # KV-cache usage from which the cache counts as short even without a preemption

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from tuner.scoring import Boundary, pace_undecided, pace_violations, score
+from tuner.analysis.scoring import Boundary, pace_undecided, pace_violations, score
 from tuner.workers.probes import Probe, ProbeRun
 from tuner.workers.request_record import RequestRecord
 
@@ -77,7 +77,8 @@ def judge_probe(probe: Probe, records: Sequence[RequestRecord], bound: Boundary)
         return ProbeJudgement(Verdict.FAIL, ["the engine died during the probe"])
     if probe.stop_reason is not None:
         return ProbeJudgement(Verdict.FAIL, [f"stopped early: {probe.stop_reason}"])
-    if probe.cut_by_verdict is not None:  # tuner.pruning.VerdictWatch: a failure by the rules below, whatever followed
+    # tuner.search.pruning.VerdictWatch: a failure by the rules below, whatever followed
+    if probe.cut_by_verdict is not None:
         return ProbeJudgement(Verdict.FAIL, [f"cut by its verdict: {probe.cut_by_verdict}"])
     if m.e2e_s.p95 is None:
         return ProbeJudgement(Verdict.FAIL, ["no request finished"])

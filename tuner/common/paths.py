@@ -20,7 +20,7 @@ def default_tiny_model() -> Path:
 def shipped_root() -> Path:
     """The folder under which the files tuner ships but imports by no name lie at their repository paths:
     `search_spaces/` (the bundled spaces, schema.json) and `storage/migrations/`."""
-    package = Path(__file__).resolve().parent
+    package = Path(__file__).resolve().parents[1]  # tuner/, this module being in tuner/common/
     # A wheel holds them inside the package (setup.py); a checkout, installed editable or on PYTHONPATH, in the
     # repository's top-level folders beside it.
     return package if (package / "storage" / "migrations").is_dir() else package.parent

@@ -21,7 +21,7 @@ import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from tuner.kv_budget import KvEstimate
+from tuner.analysis.kv_budget import KvEstimate
 from tuner.traces.records import PREFIX_BLOCK_TOKENS, Trace, TraceRequest
 from tuner.workers.engine_config import EngineConfig
 from tuner.workers.measure import Measurement

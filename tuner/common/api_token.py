@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from tuner.errors import TunerError
+from tuner.common.errors import TunerError
 
 TOKEN_ENV = "TUNER_API_TOKEN"
 TOKEN_FILE_ENV = "TUNER_API_TOKEN_FILE"
