@@ -43,7 +43,7 @@ def run(model: Path, slots: int, trials: int) -> dict:
         report = runner.run(trials)
         wall = time.monotonic() - started
         overheads = [e.scheduling_s for e in events if isinstance(e, WorkerDone) and e.scheduling_s is not None]
-        totals = [t.timings.total_s for t in runner.repo.trials("bench")]
+        totals = [t.timings.total_s for t in runner.opened.repo.trials("bench")]
     return {"slots": slots, "trials": len(report.trials), "states": [t.state for t in report.trials],
             "wall_s": wall, "trials_per_hour": 3600 * len(report.trials) / wall,
             "trial_s_median": statistics.median(totals),

@@ -214,8 +214,8 @@ def test_the_runner_concludes_each_arms_round_as_a_paired_validation_launch(tmp_
     # The baseline queued at creation runs first, unpaired: the decision says so and launches nothing.
     assert runner.clock.pairing(2, 4, 1, True, None, None).text == \
         "interleaved launches: trials queued before the validation run first"
-    queued = runner.study.ask()  # set aside without a launch, so that only the validation's launches are queued
-    runner.study.tell(queued, state=OptunaState.FAIL)
+    queued = runner.opened.study.ask()  # set aside without a launch, so that only the validation's launches are queued
+    runner.opened.study.tell(queued, state=OptunaState.FAIL)
 
     pool_init = pool_module.WorkerPool.__init__
 
@@ -236,7 +236,7 @@ def test_the_runner_concludes_each_arms_round_as_a_paired_validation_launch(tmp_
     monkeypatch.setattr(pool_module.WorkerPool, "__init__", gpu_slots)
     monkeypatch.setattr(pool_module.WorkerPool, "run_paired", here)
     validation, report = runner.validate(1, 2, against_itself=True)
-    stored = {t.trial_number: t for t in runner.repo.trials("aa")}
+    stored = {t.trial_number: t for t in runner.opened.repo.trials("aa")}
 
     assert len(jobs) == 1 and len(launch.engines) == 2 and launch.stopped(), "one job, one engine per arm"
     assert [(s.validation.round, s.validation.arm, s.validation.paired, s.state.value) for s in report.trials] == \

@@ -81,9 +81,9 @@ def _measured(runner, config, carried_rps: float) -> None:
     from tuner.storage import StoredTrial, TrialState
     from tuner.workers.measure import TrialTimings
 
-    trial = runner.study.ask()
+    trial = runner.opened.study.ask()
     runner.launches.config(trial)
-    runner.repo.save_trial(StoredTrial(
+    runner.opened.repo.save_trial(StoredTrial(
         study_name="s", trial_number=trial.number, attempt=1, state=TrialState.COMPLETE, engine_config=config,
         serve_command=config.serve_command("tiny"), measurement=measurement(), failure_class=None,
         failure_message=None, log_excerpt=None, estimated_max_model_len=None, exit_code=None,
@@ -91,7 +91,7 @@ def _measured(runner, config, carried_rps: float) -> None:
         started_at="2025-05-01T10:00:00+00:00", finished_at="2025-05-01T10:01:40+00:00",
         score=Score(carried_rps, 1.0, 100.0, 1.0, {}, [], Capacity(carried_rps, 1.0, 1.0, None, 1, "probes ran out"))),
         [])
-    runner.study.tell(trial, [carried_rps, 1.0])
+    runner.opened.study.tell(trial, [carried_rps, 1.0])
 
 
 def test_the_validations_share_is_kept_only_once_there_is_a_candidate_to_validate(tiny_model, tmp_path):
@@ -112,12 +112,12 @@ def test_the_validations_share_is_kept_only_once_there_is_a_candidate_to_validat
     runner.recorder.slots = 1
     # 350 s left: one more 100 s trial ends before the end, not before the 400 s kept for 4 launches of 100 s.
     budget = RunBudget(time.time() - 150, budget_s=500, validation_launches=4)
-    _measured(runner, runner.ctx.space.baseline(), 10.0)
+    _measured(runner, runner.opened.ctx.space.baseline(), 10.0)
     plan_now = runner.clock.budget_plan(budget, None)
     # Nothing but vLLM's default to validate: the search goes on into the validation's share, and the plan says so.
     assert runner.clock.budget_stop(budget) is None
     assert plan_now.no_candidate and "the search goes on into the validation's share" in plan_now.text()
     # A configuration that carried more is a candidate: from now on the validation's share is kept.
-    _measured(runner, runner.ctx.space.suggest(runner.study.ask()), 12.0)
+    _measured(runner, runner.opened.ctx.space.suggest(runner.opened.study.ask()), 12.0)
     assert runner.clock.budget_stop(budget) == BUDGET_KEPT
     assert not runner.clock.budget_plan(budget, None).no_candidate

@@ -99,7 +99,7 @@ def runner(tiny_model, tmp_path) -> StudyRunner:
 
 def _small_kv_bound(runner: StudyRunner, tpot_s: float) -> float:
     """What the 12 blocks of SMALL_KV carry of the study's trace, at `tpot_s` a token."""
-    trace = fit_trace(runner.ctx.trace, runner.ctx.selection, 1024)
+    trace = fit_trace(runner.opened.ctx.trace, runner.opened.ctx.selection, 1024)
     bound = kv_traffic_bound(_estimate(12 * 128), trace, tpot_s, SMALL_KV)
     assert bound is not None
     return bound.rps
@@ -107,22 +107,22 @@ def _small_kv_bound(runner: StudyRunner, tpot_s: float) -> float:
 
 def _baseline_measured(runner: StudyRunner, carried_rps: float, tpot_s: float | None) -> None:
     """The study's baseline stored as run: it carried `carried_rps`, its fastest token `tpot_s`."""
-    trial = runner.study.ask()
-    config = runner.ctx.space.baseline()
+    trial = runner.opened.study.ask()
+    config = runner.opened.ctx.space.baseline()
     capacity = Capacity(carried_rps, 1.0, 1.0, None, 1, "probes ran out")
-    runner.repo.save_trial(StoredTrial(
+    runner.opened.repo.save_trial(StoredTrial(
         study_name="s", trial_number=trial.number, attempt=1, state=TrialState.COMPLETE, engine_config=config,
         serve_command=config.serve_command("tiny"), measurement=measurement(tpot_fastest_s=tpot_s),
         failure_class=None, failure_message=None, log_excerpt=None, estimated_max_model_len=None, exit_code=None,
         timings=None, hardware=MACHINE, vllm_version="0.32.0", started_at="2025-05-01T10:00:00+00:00",
         finished_at="2025-05-01T10:05:00+00:00",
         score=Score(carried_rps, 1.0, 100.0, 1.0, {}, [], capacity)), [])
-    runner.study.tell(trial, [carried_rps, 1.0])
+    runner.opened.study.tell(trial, [carried_rps, 1.0])
 
 
 def _start(runner: StudyRunner, config: EngineConfig) -> TrialSummary | None:
     """`config` asked of the runner: the summary of its rejection before launch, or None when it would launch."""
-    enqueue_config("s", runner.plan, config)
+    enqueue_config("s", runner.opened.plan, config)
     job = runner.launches.start(0)
     if isinstance(job, TrialSummary):
         return job
@@ -138,10 +138,10 @@ def test_a_configuration_whose_kv_cache_cannot_carry_the_best_so_far_is_not_laun
     assert skipped.reason == (f"at most {best / 2:.3g} req/s by its KV cache (estimate 1,536 tokens), below the "
                               f"best so far, {best:.3g} req/s")
     assert summary_line(skipped) == f"trial {skipped.number}: infeasible: {skipped.reason}"  # the run's progress
-    stored = {t.trial_number: t for t in runner.repo.trials("s")}[skipped.number]
+    stored = {t.trial_number: t for t in runner.opened.repo.trials("s")}[skipped.number]
     assert stored.timings is None and isinstance(stored.score, Rejection)
     assert stored.score.violations == [skipped.reason]
-    assert not (runner.plan.artifact_dir / "trials" / "s" / f"trial-{skipped.number:04d}").exists()
+    assert not (runner.opened.plan.artifact_dir / "trials" / "s" / f"trial-{skipped.number:04d}").exists()
     # Eight times the blocks carry four times the best: launched.
     assert _start(runner, LARGE_KV) is None
 

@@ -49,26 +49,28 @@ def test_the_precision_check_is_vllms_default_with_every_fp8_choice_the_space_of
 
 def test_a_study_that_allows_fp8_runs_the_precision_check_after_the_baseline(tmp_path, on_an_h100):
     runner = _study(tmp_path, allow_fp8=True)
-    baseline = runner.study.ask()
-    assert runner.launches.config(baseline) == (runner.ctx.space.baseline(), True)
+    baseline = runner.opened.study.ask()
+    assert runner.launches.config(baseline) == (runner.opened.ctx.space.baseline(), True)
     assert baseline.user_attrs[BASELINE_ATTR]
-    check = runner.study.ask()
+    check = runner.opened.study.ask()
     config, is_baseline = runner.launches.config(check)
     # The baseline in every other setting: the space's grids (max_num_seqs, max_model_len, ...) are not asked.
-    assert not is_baseline and config == replace(runner.ctx.space.baseline(), quantization="fp8", kv_cache_dtype="fp8")
+    assert not is_baseline
+    assert config == replace(runner.opened.ctx.space.baseline(), quantization="fp8", kv_cache_dtype="fp8")
     assert check.params == {"quantization": "fp8", "kv_cache_dtype": "fp8"}
     assert check.user_attrs[ON_DEFAULT_ATTR] == ["kv_cache_dtype", "quantization"]
-    runner.study.tell(check, [20.0, 1.0])
+    runner.opened.study.tell(check, [20.0, 1.0])
     # A validation launch of it runs the same configuration, not the space's other settings sampled anew.
-    runner.launches.queue(ValidationMark(1, 1, 2, 1, check.number), runner.study.trials[check.number])
-    launch = runner.study.ask()
+    runner.launches.queue(ValidationMark(1, 1, 2, 1, check.number), runner.opened.study.trials[check.number])
+    launch = runner.opened.study.ask()
     assert runner.launches.config(launch) == (config, False)
     # The sampler's own proposals ask every setting the space searches.
-    proposal = runner.study.ask()
+    proposal = runner.opened.study.ask()
     runner.launches.config(proposal)
-    assert set(proposal.params) == set(runner.ctx.space.parameters) and ON_DEFAULT_ATTR not in proposal.user_attrs
+    assert set(proposal.params) == set(runner.opened.ctx.space.parameters)
+    assert ON_DEFAULT_ATTR not in proposal.user_attrs
 
 
 def test_without_fp8_allowed_only_the_baseline_is_queued(tmp_path, on_an_h100):
     runner = _study(tmp_path, allow_fp8=False)
-    assert [t.user_attrs for t in runner.study.trials] == [{BASELINE_ATTR: True}]
+    assert [t.user_attrs for t in runner.opened.study.trials] == [{BASELINE_ATTR: True}]

@@ -51,7 +51,7 @@ def _stops_when_the_database_is_lost(run: Callable) -> Callable:
             # Optuna wraps the driver's error in its own, whatever its cause.
             lost = exc.__cause__ if isinstance(exc, StorageInternalError) else exc
             if isinstance(lost, OperationalError):
-                lost = DatabaseUnreachable.from_error(self.plan.url, lost)
+                lost = DatabaseUnreachable.from_error(self.opened.plan.url, lost)
             elif not isinstance(lost, DatabaseUnreachable):
                 raise
             raise DatabaseUnreachable(f"{lost}; the run stopped, the trials in flight will be run again by the "
@@ -89,8 +89,6 @@ class StudyRunner:
     def __init__(self, name: str, plan: StoragePlan, *, prune: bool = True, parallel: int | None = None,
                  ray_address: str | None = None, on_event: Callable[[RunEvent], None] | None = None):
         self.opened = OpenStudy.open(name, plan)
-        self.plan, self.repo, self.settings = plan, self.opened.repo, self.opened.settings
-        self.ctx, self.storage, self.study = self.opened.ctx, self.opened.storage, self.opened.study
         self.parallel = parallel
         self.ray_address = ray_address
         self._emit = on_event or (lambda event: None)
@@ -122,7 +120,7 @@ class StudyRunner:
         if n_trials != 0 and self.clock.no_time_for_a_trial(deadline, stop_at):
             report.stopped_early = NO_TIME_LEFT
             return report
-        tp = self.ctx.space.baseline().tensor_parallel_size or 1
+        tp = self.opened.ctx.space.baseline().tensor_parallel_size or 1
         hardware = detect_hardware()
         started = time.time() if budget is None else budget.started_at
         with WorkerPool(self.parallel, ray_address=self.ray_address, tensor_parallel_size=tp,
@@ -164,7 +162,7 @@ class StudyRunner:
                         begun += 1
                         # Trials of a driver that died (before this run or during it) are failed now and
                         # re-enqueued once with the same configuration, so the next ask runs them again.
-                        fail_stale_trials(self.study)
+                        fail_stale_trials(self.opened.study)
                         self.ledger.record_interrupted()
                         launch = self.launches.start(free[0])
                         if isinstance(launch, TrialSummary):  # rejected before launch: the slot stays free
@@ -232,18 +230,18 @@ class StudyRunner:
         else:
             arms += [Arm(i, number) for i, number in enumerate(self.opened.finalists(trials, top), start=1)]
             if len(arms) == 1:
-                raise NothingToValidate(f"study {self.settings.name} has no feasible configuration other than "
+                raise NothingToValidate(f"study {self.opened.settings.name} has no feasible configuration other than "
                                         f"vLLM's default to validate, nor, when none is feasible, one that carried "
                                         f"some load within the boundary: keep the default")
         run = max((t.validation.run for t in trials if t.validation is not None), default=0) + 1
-        terms = validation_terms(self.settings)
+        terms = validation_terms(self.opened.settings)
         # Nothing is queued for a validation that cannot start.
         if self.clock.no_time_for_a_trial(deadline, stop_at, validation=True):
             return unstarted(run, repeats, arms, *terms), RunReport(stopped_early=NO_TIME_LEFT)
         if budget is not None and (short := self.clock.budget_short(dataclasses.replace(budget, pairing=paired),
                                                                 len(arms) * repeats, len(arms))) is not None:
             return unstarted(run, repeats, arms, *terms), RunReport(stopped_early=short, spent=self.recorder.spent())
-        frozen = self.study.get_trials(deepcopy=False)
+        frozen = self.opened.study.get_trials(deepcopy=False)
         # Configurations queued before (the baseline of a study not run yet, say) are asked first: they run too.
         queued = sum(t.state is OptunaState.WAITING for t in frozen)
         marks = interleaved(arms, repeats, run)
@@ -258,7 +256,7 @@ class StudyRunner:
             report, design = validate_paired(self.launches, self.recorder, self.ray_address, self._emit,
                                              functools.partial(self._stop_or_end, min(ends, default=None)))
             # Launches that could not run paired were queued again: they run as interleaved launches.
-            left = len(self.study.get_trials(deepcopy=False, states=(OptunaState.WAITING,)))
+            left = len(self.opened.study.get_trials(deepcopy=False, states=(OptunaState.WAITING,)))
             if left and report.stopped_early is None:
                 rest = self.run(left, deadline, stop_at=stop_at, budget=budget)
                 report = dataclasses.replace(rest, trials=report.trials + rest.trials)
