@@ -13,6 +13,7 @@ side, each arm's round concluded as a paired validation launch."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import subprocess
 import sys
@@ -58,8 +59,10 @@ class StandIns:
     """Launches a stand-in per arm, in the order asked (`refusals[k]`: the flags of the k-th, or the error its launch
     raises), its calls written under `folder`, and keeps what it launched."""
 
-    def __init__(self, folder: Path, refusals: dict[int, list[str] | BaseException] | None = None):
+    def __init__(self, folder: Path, refusals: dict[int, list[str] | BaseException] | None = None,
+                 startup_s: float = 0.0):
         self.folder, self.refusals = folder, refusals or {}
+        self.startup_s = startup_s  # the least a launch takes, as a GPU engine's cold start does
         self.engines: list[RunningEngine] = []
 
     def __call__(self, spec: TrialSpec) -> RunningEngine:
@@ -79,6 +82,7 @@ class StandIns:
         while not _healthy(engine):
             assert process.poll() is None and time.monotonic() < started + 30, log.read_text()
             time.sleep(0.1)
+        time.sleep(max(0.0, started + self.startup_s - time.monotonic()))
         engine.startup_s = time.monotonic() - started
         return engine
 
@@ -120,8 +124,24 @@ def _spec(folder: Path, model: Path, rounds: int = 2) -> PairedSpec:
                                   for arm in range(2)) for r in range(rounds)))
 
 
-def _turn(arm: int) -> list[tuple[int, str]]:
-    return [(arm, "wake_up"), (arm, "probe"), (arm, "sleep level 1")]
+def _taking_turns(probes: list[tuple[int, int]]) -> list[tuple[int, str]]:
+    """The calls the engines of two arms get, each launched and put to sleep, then through rounds of (arm 0's, arm
+    1's) probes: step by step, arm 0 first in odd rounds and arm 1 in even ones, the order reversed at each step (A B,
+    B A), the engine awake going on and the other woken only when its turn comes, the one awake put to sleep first.
+    Probes one after the other on one engine are one `probe` (`StandIns.calls`)."""
+    calls, awake = [(0, "sleep level 1"), (1, "sleep level 1")], None
+    for number, counts in enumerate(probes, start=1):
+        order = [0, 1] if number % 2 else [1, 0]
+        for step in range(max(counts)):
+            for arm in order if step % 2 == 0 else order[::-1]:
+                if step >= counts[arm]:
+                    continue
+                if awake != arm:
+                    calls += ([(awake, "sleep level 1")] if awake is not None else []) + [(arm, "wake_up")]
+                    awake = arm
+                if calls[-1] != (arm, "probe"):
+                    calls.append((arm, "probe"))
+    return calls
 
 
 def test_the_engines_take_turns_and_each_step_probes_both_at_one_load(tmp_path, tiny_model, request):
@@ -133,10 +153,10 @@ def test_the_engines_take_turns_and_each_step_probes_both_at_one_load(tmp_path, 
     assert launch.stopped(), "both engines stopped once the pairing ended"
     assert outcome.fallback is None and len(outcome.rounds) == 2
     # Launched and put to sleep one after the other; then three steps a round, arm 0 first in round 1, arm 1 first
-    # in round 2, each turn a wake-up, a warm-up and probe, and a sleep.
-    steps_round_1 = (_turn(0) + _turn(1)) * 3
-    steps_round_2 = (_turn(1) + _turn(0)) * 3
-    assert calls == [(0, "sleep level 1"), (1, "sleep level 1"), *steps_round_1, *steps_round_2], calls
+    # in round 2, the order reversed at each step, so that the engine awake goes on: A B, B A, A B; B A, A B, B A.
+    assert calls == _taking_turns([(3, 3), (3, 3)]), calls
+    assert calls[2:9] == [(0, "wake_up"), (0, "probe"), (0, "sleep level 1"), (1, "wake_up"), (1, "probe"),
+                          (1, "sleep level 1"), (0, "wake_up")], "A, then B twice in a row, then A"
     for round_outcomes in outcome.rounds:
         factors = [[probe.factor for probe in o.record.probes] for o in round_outcomes]
         assert factors == [[1.0, 2.0, 4.0]] * 2, "each step probed both arms at the same load"
@@ -174,8 +194,9 @@ def test_a_refused_sleep_ends_the_pairing_before_any_probe(tmp_path, tiny_model,
 
 
 def test_a_wake_up_refused_mid_way_keeps_the_rounds_run_in_full(tmp_path, tiny_model, request):
-    # Engine 2's fourth wake-up is its first of round 2: round 1 stands, round 2 is for interleaved launches.
-    launch = StandIns(tmp_path, {1: ["--fail-wake", "4"]})
+    # Engine 2's third wake-up is its first of round 2 (A B, B A, A B; then B, awake, goes on, and is woken again in
+    # the second step): round 1 stands, round 2 is for interleaved launches.
+    launch = StandIns(tmp_path, {1: ["--fail-wake", "3"]})
     request.addfinalizer(launch.stop)
     outcome = run_paired(_spec(tmp_path, tiny_model), launch=launch)
     calls = launch.calls()
@@ -255,6 +276,89 @@ def test_the_runner_concludes_each_arms_round_as_a_paired_validation_launch(tmp_
     assert validation.verdict().splitlines()[1] == "paired on one engine pair with sleep mode"
     assert all(stored[s.number].validation.paired and stored[s.number].timings.startup_s > 0 for s in report.trials)
     assert all((trial_dir(plan.artifact_dir, "aa", s.number) / "measurement.json").is_file() for s in report.trials)
+
+
+def _on_a_gpu_slot(monkeypatch) -> None:
+    """What cannot run here, stood in for: this machine and its Ray slots with a GPU."""
+    from tuner.study import launch_time, paired_validation
+    from tuner.study import runner as runner_module
+    from tuner.workers import pool as pool_module
+
+    with_gpu = dataclasses.replace(detect_hardware(), accelerator="cuda", gpu_count=1)
+    for module in (runner_module, launch_time, paired_validation):  # each asks for the machine's GPUs
+        monkeypatch.setattr(module, "detect_hardware", lambda: with_gpu)
+    pool_init = pool_module.WorkerPool.__init__
+
+    def gpu_slots(pool, *args, **kwargs) -> None:
+        pool_init(pool, *args, **kwargs)
+        pool.slots = [dataclasses.replace(slot, gpus=1) for slot in pool.slots]
+
+    monkeypatch.setattr(pool_module.WorkerPool, "__init__", gpu_slots)
+
+
+def test_a_budget_run_opens_with_its_queued_pair_and_validates_on_the_same_engines(tmp_path, tiny_model,
+                                                                                  monkeypatch, request):
+    """A run under a budget whose queue opens with vLLM's default and one more configuration (as the precision
+    check is queued) runs the two as the first round of paired engines; where the budget then leaves no search
+    trial, the validation's rounds go on on those engines, and no engine starts again. Stand-ins as above, and the
+    slot's worker (`TrialWorker`, the same code Ray runs) in this process; each stand-in takes 30 s to start, as a
+    cold GPU engine takes minutes, so that the budget holds the validation on held engines and not on new ones."""
+    from tuner.study.budget import RunBudget
+    from tuner.study.create import enqueue_config
+    from tuner.study.events import BUDGET_KEPT
+    from tuner.study.paired_validation import ON_THE_OPENING_PAIR
+    from tuner.study.runner import StudyRunner
+    from tuner.validation import PAIRED
+    from tuner.workers import pool as pool_module
+    from tuner.workers.paired import EnginePair
+
+    url, artifacts = f"sqlite:///{tmp_path / 'tuner.db'}", tmp_path / "artifacts"
+    run_tuner("study", "create", "pair", "--model", str(tiny_model), "--trace", str(AZURE_CONV), *SEARCHED,
+              "--storage", url, "--artifacts", str(artifacts))
+    plan = storage_plan(url, artifacts)
+    enqueue_config("pair", plan, _config(1))  # queued beside the baseline, as the precision check is
+    _on_a_gpu_slot(monkeypatch)
+    launch = StandIns(tmp_path, startup_s=30.0)
+    request.addfinalizer(launch.stop)
+    monkeypatch.setattr(pool_module, "EnginePair", functools.partial(EnginePair, launch=launch))
+    workers: list[pool_module.TrialWorker] = []
+    kept: list[bool] = []
+
+    def here(pool, slot: int, spec: PairedSpec, stop_reason, poll_s: float, keep: bool = False):
+        if not workers:
+            workers.append(pool_module.TrialWorker(pool.slots[slot], pool._driver_node))
+        kept.append(keep)
+        return workers[0].run_paired(spec, keep)
+
+    monkeypatch.setattr(pool_module.WorkerPool, "run_paired", here)
+    monkeypatch.setattr(pool_module.WorkerPool, "release_pair", lambda pool, slot: workers[0].release_pair())
+    runner = StudyRunner("pair", plan, parallel=1)
+    request.addfinalizer(runner.close)
+    # 200 s: the opening pair (two 30 s starts, four probes of about 5 s) and the validation's four launches on its
+    # engines (three probes each, as planned) fit; a search trial (a 30 s start, two probes) and a validation on new
+    # engines (two more starts) do not. So from probes of 3 to 8 s.
+    budget = RunBudget(time.time(), 200.0, None, validation_launches=4, validation_arms=2)
+
+    report = runner.run(None, budget=budget)
+    assert [(s.number, s.state.value, s.validation) for s in report.trials] == [(0, "complete", None),
+                                                                                (1, "complete", None)]
+    assert report.stopped_early == BUDGET_KEPT, report.stopped_early
+    assert len(launch.engines) == 2 and not launch.stopped(), "both engines held, asleep, for the validation"
+    validation, checked = runner.validate(1, 2, budget=budget)
+    runner.close()
+
+    assert kept == [True, False] and len(launch.engines) == 2 and launch.stopped(), (validation.design, checked)
+    assert [(s.validation.round, s.validation.arm, s.validation.of_trial, s.validation.paired, s.state.value)
+            for s in checked.trials] == [(1, 0, None, True, "complete"), (1, 1, 1, True, "complete"),
+                                         (2, 0, None, True, "complete"), (2, 1, 1, True, "complete")]
+    assert validation.complete and validation.paired and validation.design == PAIRED + ON_THE_OPENING_PAIR
+    # The opening round, then the validation's two, on the same two engines taking turns throughout.
+    stored = {t.trial_number: t for t in runner.opened.repo.trials("pair")}
+    rounds = [(0, 1), (2, 3), (4, 5)]
+    assert launch.calls() == _taking_turns([(len(stored[a].probes), len(stored[b].probes)) for a, b in rounds])
+    # The launch counts in the opening trials alone; the validation's launches woke engines that were up.
+    assert stored[0].timings.startup_s >= 30 and stored[1].timings.startup_s >= 30
+    assert all(stored[n].timings.startup_s < 30 and stored[n].timings.sleep_s > 0 for n in range(2, 6))
 
 
 @pytest.mark.vllm

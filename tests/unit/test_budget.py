@@ -34,13 +34,16 @@ def test_a_paired_validation_starts_one_engine_per_arm():
     assert LaunchCost(startup_s=100.0, probing_s=50.0).validation_s(4, 1, paired_arms=2) == 400.0
 
 
-def test_a_paired_engine_sleeps_after_its_launch_and_after_each_probe():
+def test_a_paired_engine_sleeps_after_its_launch_and_every_other_probe():
     # The H100's first paired validation (2026-12-07): the default's engine took 12.4 s to fall asleep (15.0 GiB of
-    # weights copied to host memory). Two arms, four launches of three probes: 2 + 12 sleeps.
+    # weights copied to host memory). Two arms, four launches of three probes: 2 sleeps after the launches, then one
+    # every other probe, as the steps alternate the arms' order (A B, B A) and the engine awake goes on.
     sleep_s = expected_sleep_s(int(15.0 * 2**30))
     assert sleep_s == pytest.approx(12.5)
     launch = LaunchCost(startup_s=100.0, probing_s=105.0, probes=3, sleep_s=sleep_s)
-    assert launch.validation_s(4, 1, paired_arms=2) == pytest.approx(2 * 100.0 + 4 * 105.0 + 14 * sleep_s)
+    assert launch.validation_s(4, 1, paired_arms=2) == pytest.approx(2 * 100.0 + 4 * 105.0 + 8 * sleep_s)
+    # On the engines the search's opening pair held, none starts or sleeps after its launch.
+    assert launch.validation_s(4, 1, paired_arms=2, held=True) == pytest.approx(4 * 105.0 + 6 * sleep_s)
     # Launches one after the other never sleep.
     assert launch.validation_s(4, 1) == 4 * 205.0
 

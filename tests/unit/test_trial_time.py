@@ -73,3 +73,19 @@ def test_a_validation_launch_judged_by_the_default_takes_the_probes_of_a_search_
     repo.save_trial(StoredTrial.from_record("s1", 2, done, state=TrialState.COMPLETE, score=None, probes=ladder[:3],
                                             validation=ValidationMark(1, 1, 2, 1, 0, paired=True)), [])
     assert launch_cost(repo, settings, 30.0, True, {0}, sleep_s=12.0) == LaunchCost(60.0, 92.0, 3, 0.0)
+
+
+def test_a_paired_launch_that_stored_its_sleeps_is_judged_without_them(tmp_path):
+    # A paired launch's teardown holds its engine's sleeps; stored apart (`TrialTimings.sleep_s`), they are left out
+    # of its probing, and the planner counts its own per probe instead.
+    repo = Repository(f"sqlite:///{tmp_path / 'tuner.db'}")
+    repo.migrate()
+    settings = study_settings(load=LoadPolicy(mode="search", precision=0.1, probe_budget=5))
+    repo.save_study(settings)
+    ladder = probe_ladder([(1.0, "pass", 0.15, 7.0), (1.68, "pass", 0.3, 10.5), (2.1, "fail", 0.9, 20.0)])
+    timings = TrialTimings(1.0, 90.0, 22.0, sleep_s=20.0)
+    record = replace(trial_record(request_records(4), died=False), timings=timings, hardware=MACHINE)
+    repo.save_trial(StoredTrial.from_record("s1", 2, record, state=TrialState.COMPLETE, score=None, probes=ladder,
+                                            validation=ValidationMark(1, 2, 2, 1, 0, paired=True)), [])
+    assert launch_cost(repo, settings, 30.0, True, {0}, sleep_s=12.0) == LaunchCost(1.0, 92.0, 3, 12.0)
+    assert TrialTimings.from_dict(timings.to_dict()) == timings

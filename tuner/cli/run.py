@@ -304,6 +304,7 @@ def _run_here(settings: RunSettings, shown: RunProgress, *, validation_only: boo
                                         f"{settings.name}` runs them first" if validation.order or checked.trials
                                         else "no launch was started"))
     finally:
+        runner.close()  # engines a search kept for a validation that did not take them
         for sig, handler in replaced.items():
             signal.signal(sig, handler)
         if log is not None:

@@ -29,7 +29,7 @@ class LaunchCost:
     startup_s: float
     probing_s: float
     probes: float = 0.0  # how many probes that is
-    # Paired only: one engine's sleep, after its launch and after each of its probes (workers/paired.py); 0 where
+    # Paired only: one engine's sleep, after its launch and after every other probe (workers/paired.py); 0 where
     # the timings it was judged by hold their sleeps already.
     sleep_s: float = 0.0
 
@@ -38,13 +38,14 @@ class LaunchCost:
         """The whole launch."""
         return self.startup_s + self.probing_s
 
-    def validation_s(self, launches: int, slots: int, paired_arms: int = 0) -> float:
+    def validation_s(self, launches: int, slots: int, paired_arms: int = 0, held: bool = False) -> float:
         """The clock time of `launches` validation launches on this many slots, a round of launches at a time; or,
-        paired on one GPU (`paired_arms` engines), one startup and sleep per arm and then the launches' probes, each
-        followed by its engine's sleep."""
+        paired on one GPU (`paired_arms` engines), one startup and sleep per arm (none where the engines are `held`
+        from the search's opening pair) and then the launches' probes, a sleep every other probe (the steps alternate
+        the arms' order, `tuner.workers.paired`)."""
         if paired_arms:
-            return paired_arms * (self.startup_s + self.sleep_s) + launches * (self.probing_s +
-                                                                              self.probes * self.sleep_s)
+            return (0 if held else paired_arms * (self.startup_s + self.sleep_s)) + \
+                launches * (self.probing_s + self.probes * self.sleep_s / 2)
         return launches_s(launches, slots, self.total_s)
 
 

@@ -42,9 +42,9 @@ def _probing(trial: StoredTrial, validation: bool, search: bool) -> tuple[float,
     """What `trial`'s probes (draining and teardown included) tell of the next launch's, in seconds and probes: for
     a validation launch judged by a trial that was none (vLLM's default's whole search), the seconds a probe took
     times the probes a launch that starts at its configuration's capacity takes (`SETTLED_FROM_START`); else its
-    own."""
+    own. A paired engine's sleeps are left out: `LaunchCost.sleep_s` counts them."""
     assert trial.timings is not None
-    took = trial.timings.replay_s + trial.timings.teardown_s
+    took = trial.timings.replay_s + trial.timings.teardown_s - trial.timings.sleep_s
     if validation and trial.validation is None and search and trial.probes:
         return took / len(trial.probes) * SETTLED_FROM_START, SETTLED_FROM_START
     return took, max(1, len(trial.probes))
@@ -54,7 +54,8 @@ def launch_cost(repo: Repository, settings: StudySettings, trace_span_s: float, 
                 baselines: frozenset[int] | set[int] = frozenset(), sleep_s: float = 0.0) -> LaunchCost:
     """The next launch's expected startup and probes: medians over `_like_the_next` (`_probing`); before any
     trial, no startup and the trace's span, which no trial can take less than. `sleep_s`: a paired engine's sleep,
-    kept where no launch judged by ran paired (theirs hold their sleeps)."""
+    kept unless a launch judged by ran paired before sleeps were stored apart (`TrialTimings.sleep_s`): its probing
+    holds them."""
     found = _like_the_next(repo, settings, validation, baselines)
     if not found:
         return LaunchCost(0.0, trace_span_s, 1, sleep_s)
@@ -62,7 +63,8 @@ def launch_cost(repo: Repository, settings: StudySettings, trace_span_s: float, 
     return LaunchCost(statistics.median(t.timings.startup_s for t in found if t.timings is not None),
                       statistics.median(seconds for seconds, _ in probing),
                       statistics.median(probes for _, probes in probing),
-                      0.0 if any(t.validation is not None and t.validation.paired for t in found) else sleep_s)
+                      0.0 if any(t.validation is not None and t.validation.paired and t.timings is not None
+                                 and not t.timings.sleep_s for t in found) else sleep_s)
 
 
 def expected_trial_s(repo: Repository, settings: StudySettings, trace_span_s: float, validation: bool,
@@ -126,11 +128,13 @@ class RunClock:
         sleep_s = expected_sleep_s(memory.weight_bytes()) if memory is not None else 0.0
         return launch_cost(opened.repo, opened.settings, opened.ctx.trace.span_s, True, opened.baselines(), sleep_s)
 
-    def validation_s(self, launches: int, arms: int, wanted: bool) -> tuple[float, bool]:
+    def validation_s(self, launches: int, arms: int, wanted: bool, held: bool = False) -> tuple[float, bool]:
         """The clock time a validation of `launches` launches of `arms` configurations is expected to take, and
-        whether it would run paired (`pairs`): then each arm's engine starts once."""
+        whether it would run paired (`pairs`): then each arm's engine starts once, or not at all where the search's
+        opening pair `held` them."""
         paired = self.pairs(arms, wanted).paired
-        return self.launch_cost().validation_s(launches, self.recorder.slots, arms if paired else 0), paired
+        return self.launch_cost().validation_s(launches, self.recorder.slots, arms if paired else 0,
+                                               held and paired), paired
 
     def pairs(self, arms: int, wanted: bool) -> Pairing:
         """Whether a validation of `arms` configurations can run paired on this machine's GPUs and vLLM (`pairing`)."""
@@ -138,25 +142,25 @@ class RunClock:
         return pairing(arms, detect_hardware().gpu_count // tp, sleep_mode_served(), wanted)
 
     def pairing(self, arms: int, launches: int, queued: int, wanted: bool, deadline: float | None,
-                stop_at: float | None) -> Pairing:
+                stop_at: float | None, held: bool = False) -> Pairing:
         """Whether a validation runs paired (`pairing`), decided before anything is launched: on this machine's
         GPUs and vLLM, with nothing else queued to run first, and where its launches, run as one job, end in time."""
         plan = self.pairs(arms, wanted)
         if plan.paired and queued:
             return Pairing(False, "trials queued before the validation run first")
         ends = [t for t in (deadline, stop_at) if t is not None]
-        expected_s = self.launch_cost().validation_s(launches, 1, arms)
+        expected_s = self.launch_cost().validation_s(launches, 1, arms, held)
         if plan.paired and ends and time.time() + expected_s > min(ends):
             return Pairing(False, f"run paired, its {launches} launches are one job, which would not end in time "
                                   f"(about {format_duration(expected_s)})")
         return plan
 
-    def budget_short(self, budget: RunBudget, launches: int, arms: int) -> str | None:
-        """Why the budget cannot hold `launches` validation launches of `arms` configurations from now; None where it
-        can."""
+    def budget_short(self, budget: RunBudget, launches: int, arms: int, held: bool = False) -> str | None:
+        """Why the budget cannot hold `launches` validation launches of `arms` configurations from now (on the engines
+        `held` from the search's opening pair); None where it can."""
         slots = self.recorder.slots
         end = budget.end(slots)
-        needed, paired = self.validation_s(launches, arms, budget.pairing)
+        needed, paired = self.validation_s(launches, arms, budget.pairing, held)
         if end is None or time.time() + needed <= end:
             return None
         left = max(0.0, end - time.time()) * slots

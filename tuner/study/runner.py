@@ -5,6 +5,7 @@ the run as stored (`run_record`), the paired validation's job (`paired_validatio
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import time
@@ -26,16 +27,19 @@ from tuner.study.launch_time import RunClock
 from tuner.study.launches import TrialLaunches
 from tuner.study.ledger import InFlight, TrialLedger
 from tuner.study.open_study import OpenStudy
-from tuner.study.paired_validation import validate_paired
+from tuner.study.paired_validation import HeldPair, open_pair, pair_opens, validate_paired
 from tuner.study.plan import StoragePlan
 from tuner.study.recommendation import validation_terms
 from tuner.study.run_record import RunRecorder
 from tuner.validation import Arm, Validation, interleaved, unstarted, validations
 from tuner.workers.pool import WorkerLost, WorkerPool, WorkerResult
+from tuner.workers.trial import TrialSpec
 
 # Proposals rejected before launch cost no trial of a run's budget, up to this many in a row (a space whose
 # rules reject almost everything must still end).
 MAX_REJECTED_IN_A_ROW = 20
+# What a trial's end counts against a run's trials when it was not measured: none of these uses one up.
+NOT_MEASURED = (TrialState.STOPPED, TrialState.WORKER_LOST, TrialState.INFEASIBLE)
 
 
 def _stops_when_the_database_is_lost(run: Callable) -> Callable:
@@ -97,6 +101,14 @@ class StudyRunner:
         self.clock = RunClock(self.opened, self.recorder)
         self.ledger = TrialLedger(self.opened, self._emit)
         self.launches = TrialLaunches(self.opened, self.ledger, prune, self._emit)
+        self._held: HeldPair | None = None  # the opening pair's engines, kept for the validation
+
+    def close(self) -> None:
+        """Stop the engines and pool a run kept for its validation (`open_pair`), if the validation did not take
+        them."""
+        held, self._held = self._held, None
+        if held is not None:
+            held.close()
 
     def stop(self, reason: str) -> None:
         """End the run from outside (another thread, a signal handler): no trial starts any more, the trials in
@@ -123,8 +135,9 @@ class StudyRunner:
         tp = self.opened.ctx.space.baseline().tensor_parallel_size or 1
         hardware = detect_hardware()
         started = time.time() if budget is None else budget.started_at
-        with WorkerPool(self.parallel, ray_address=self.ray_address, tensor_parallel_size=tp,
-                        local_gpus=hardware.gpu_count) as pool:
+        with contextlib.ExitStack() as stack:
+            pool = stack.enter_context(WorkerPool(self.parallel, ray_address=self.ray_address,
+                                                  tensor_parallel_size=tp, local_gpus=hardware.gpu_count))
             self.recorder.slots = len(pool.slots)
             self.recorder.record(started, pool.slots[0].gpus, budget)
             self._emit(PoolReady(len(pool.slots), pool))
@@ -145,7 +158,14 @@ class StudyRunner:
             in_flight: dict[ray.ObjectRef, InFlight] = {}
             begun = rejected = 0
             try:
-                while True:
+                if pair_opens(self.opened, budget, n_trials, pool.slots,
+                              self.clock.pairs(2, budget is not None and budget.pairing)):
+                    assert budget is not None
+                    begun, unpaired = self._open_paired(pool, stack, budget, n_trials, stop_at, report)
+                    planned = planned or report.plan is not None
+                    for job, spec in unpaired:
+                        in_flight[pool.submit(free.pop(0), spec)] = job
+                while self._held is None:
                     reason = self._stop_reason or (at_end if stop_at is not None and time.time() >= stop_at
                                                    else None)
                     if reason is not None:
@@ -212,6 +232,30 @@ class StudyRunner:
         report.spent = self.recorder.spent()
         return report
 
+    def _open_paired(self, pool: WorkerPool, stack: contextlib.ExitStack, budget: RunBudget, n_trials: int | None,
+                     stop_at: float | None, report: RunReport) -> tuple[int, list[tuple[InFlight, TrialSpec]]]:
+        """Run the queued pair paired (`open_pair`), into `report`: the trials it counts against `n_trials`, and the
+        launches left to run unpaired. Where the budget then leaves no search trial, its engines are held for the
+        validation (`self._held`, the pool taken out of `stack`); else they are stopped."""
+        slot = pool.slots[0]
+        opening = open_pair(self.launches, pool, slot, functools.partial(self._stop_or_end, stop_at))
+        report.trials += opening.trials
+        report.stopped_early = opening.stopped_early
+        for summary in opening.trials:
+            self.recorder.record(trial=summary.number)
+        measured = sum(t.state not in NOT_MEASURED for t in opening.trials)
+        if measured:  # the plan, now from what the pair took
+            report.plan = self.clock.budget_plan(budget, n_trials and n_trials - measured)
+            self._emit(BudgetPlanned(report.plan))
+        if opening.held:
+            if (short := self.clock.budget_stop(budget)) is not None:
+                report.stopped_early = short
+                self._held = HeldPair(pool, slot, (opening.trials[0].number, opening.trials[1].number),
+                                      stack.pop_all())
+            else:
+                pool.release_pair(slot.index)
+        return measured + len(opening.unpaired), opening.unpaired
+
     @_stops_when_the_database_is_lost
     def validate(self, top: int, repeats: int, *, against_itself: bool = False, deadline: float | None = None,
                  stop_at: float | None = None, budget: RunBudget | None = None,
@@ -235,11 +279,27 @@ class StudyRunner:
                                         f"some load within the boundary: keep the default")
         run = max((t.validation.run for t in trials if t.validation is not None), default=0) + 1
         terms = validation_terms(self.opened.settings)
+        # The engines the search opened with go on where they are this validation's arms.
+        held, self._held = self._held, None
+        if held is not None and not (paired and held.serves([arm.of_trial for arm in arms])):
+            held.close()
+            held = None
+        try:
+            return self._validate(arms, run, terms, repeats, deadline, stop_at, budget, paired, held)
+        finally:
+            if held is not None:
+                held.close()
+
+    def _validate(self, arms: list[Arm], run: int, terms: tuple[bool, float], repeats: int, deadline: float | None,
+                  stop_at: float | None, budget: RunBudget | None, paired: bool,
+                  held: HeldPair | None) -> tuple[Validation, RunReport]:
+        """`validate`'s launches, queued, run and judged: paired on the engines `held` where they serve."""
         # Nothing is queued for a validation that cannot start.
         if self.clock.no_time_for_a_trial(deadline, stop_at, validation=True):
             return unstarted(run, repeats, arms, *terms), RunReport(stopped_early=NO_TIME_LEFT)
         if budget is not None and (short := self.clock.budget_short(dataclasses.replace(budget, pairing=paired),
-                                                                len(arms) * repeats, len(arms))) is not None:
+                                                                len(arms) * repeats, len(arms),
+                                                                held is not None)) is not None:
             return unstarted(run, repeats, arms, *terms), RunReport(stopped_early=short, spent=self.recorder.spent())
         frozen = self.opened.study.get_trials(deepcopy=False)
         # Configurations queued before (the baseline of a study not run yet, say) are asked first: they run too.
@@ -247,14 +307,14 @@ class StudyRunner:
         marks = interleaved(arms, repeats, run)
         for mark in marks:
             self.launches.queue(mark, None if mark.of_trial is None else frozen[mark.of_trial])
-        plan = self.clock.pairing(len(arms), len(marks), queued, paired, deadline, stop_at)
+        plan = self.clock.pairing(len(arms), len(marks), queued, paired, deadline, stop_at, held is not None)
         design = plan.text
         if plan.paired:
             # The paired job is stopped at the window's end or the budget's, as `run` stops its trials.
             ends = [t for t in (stop_at, budget.end(self.recorder.slots) if budget is not None else None)
                     if t is not None]
             report, design = validate_paired(self.launches, self.recorder, self.ray_address, self._emit,
-                                             functools.partial(self._stop_or_end, min(ends, default=None)))
+                                             functools.partial(self._stop_or_end, min(ends, default=None)), held)
             # Launches that could not run paired were queued again: they run as interleaved launches.
             left = len(self.opened.study.get_trials(deepcopy=False, states=(OptunaState.WAITING,)))
             if left and report.stopped_early is None:

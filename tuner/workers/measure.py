@@ -38,6 +38,9 @@ class TrialTimings:
     replay_s: float
     teardown_s: float
     compile_cache: CompileCache = CompileCache.UNUSED  # how the engine came by its compiled graphs at startup
+    # Of the teardown, the seconds a paired engine spent going to sleep (`tuner.workers.paired`); 0 for a launch
+    # of its own, and in records stored before sleeps were counted apart.
+    sleep_s: float = 0.0
 
     @property
     def total_s(self) -> float:
@@ -51,9 +54,9 @@ class TrialTimings:
     @classmethod
     def from_dict(cls, data: dict) -> TrialTimings:
         """The timings `to_dict` gave (the total is computed again, not read). Records stored before the compile
-        cache was read say nothing of it: unused."""
+        cache was read say nothing of it: unused; before sleeps were counted apart, none."""
         return cls(data["startup_s"], data["replay_s"], data["teardown_s"],
-                   CompileCache(data.get("compile_cache", CompileCache.UNUSED.value)))
+                   CompileCache(data.get("compile_cache", CompileCache.UNUSED.value)), data.get("sleep_s", 0.0))
 
 
 @dataclass(frozen=True)

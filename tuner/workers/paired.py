@@ -1,7 +1,8 @@
 """Paired validation on one GPU: one engine per arm (vLLM's default and the finalist), launched once each with vLLM's
-sleep mode, taking turns. In each round, for each step of the arms' load searches, every arm in turn is woken,
-warmed up, probed at its search's next load and put back to sleep, so the arms' probes of a step run back to back,
-seconds apart, and a drift of the machine hits both.
+sleep mode, taking turns. In each round, for each step of the arms' load searches, every arm in turn is warmed up and
+probed at its search's next load, so the arms' probes of a step run back to back, seconds apart, and a drift of the
+machine hits both. The steps alternate the arms' order (A B, B A): the engine that probed last goes first in the next
+step, still awake, so a sleep and a wake-up come every other probe.
 
 What vLLM 0.24 offers, as its code says (the GPU build; docs/validation.md has the details):
 
@@ -19,7 +20,8 @@ What vLLM 0.24 offers, as its code says (the GPU build; docs/validation.md has t
 
 The rounds' records are those of launches (`trial_record`), each with the probes of its round: its startup is the
 engine's launch (first round) and its wake-ups, its replay the warm-ups and probes, its teardown its sleeps and, in
-the last round, the engine's stop.
+the last round, the engine's stop. An engine held between calls (`EnginePair.run_rounds` with keep) stays as it is,
+one of them awake.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ import httpx
 from tuner.common.hardware import HardwareInfo, detect_hardware
 from tuner.common.models import inspect_model
 from tuner.workers.compile_cache import compile_cache_state
+from tuner.workers.engine_config import EngineConfig
 from tuner.workers.failures import EngineFailure
 from tuner.workers.launch import EngineLaunchError, RunningEngine, read_log, start_engine
 from tuner.workers.measure import TrialTimings
@@ -189,83 +192,150 @@ class _ArmRound:
     startup_s: float = 0.0
     replay_s: float = 0.0
     teardown_s: float = 0.0
+    sleep_s: float = 0.0  # of the teardown, the sleeps
     runs: list[ProbeRun] = field(default_factory=list)
     failure: EngineFailure | None = None
+
+    def slept(self, seconds: float) -> None:
+        """A sleep of the engine, counted in the teardown."""
+        self.teardown_s += seconds
+        self.sleep_s += seconds
+
+
+class EnginePair:
+    """One engine per arm on one GPU, launched with sleep mode from the arms' first specs, each put to sleep before
+    the next starts, and held between calls of `run_rounds` until it stops them: a study's opening pair
+    (`tuner.study.paired_validation.open_pair`) keeps its engines for the validation's rounds that follow."""
+
+    def __init__(self, first: Sequence[TrialSpec],
+                 launch: Callable[[TrialSpec], RunningEngine] = launch_with_sleep_mode):
+        self.first = tuple(first)
+        self.launch = launch
+        self.engines: list[RunningEngine] = []
+        self.rounds_run = 0  # each round's arm order follows from its number (`round_order`)
+        self.vocab_size = inspect_model(self.first[0].model).vocab_size
+        self.hardware = detect_hardware()
+        self._launched: list[_ArmRound] = []  # each arm's launch and first sleep, counted in its first round
+        self.awake: int | None = None  # the arm whose engine is awake; the others sleep
+
+    def start(self) -> str | None:
+        """Launch the engines one after the other, each put to sleep; why the pairing cannot go on where one did not
+        start or sleep (then every engine started is stopped), else None. On any error every engine is stopped."""
+        try:
+            for arm, arm_spec in enumerate(self.first):
+                current = _ArmRound()
+                try:
+                    engine = self.launch(arm_spec)
+                except EngineLaunchError as exc:
+                    asleep = ", ".join(str(k + 1) for k in range(arm))
+                    beside = f" while engine{'s' if arm > 1 else ''} {asleep} slept" if arm else ""
+                    self.stop()
+                    return (f"engine {arm + 1} of {len(self.first)} did not start with sleep mode{beside} "
+                            f"({exc.failure.kind.value}: {exc.failure.message})")
+                self.engines.append(engine)
+                current.startup_s = engine.startup_s
+                current.slept(put_to_sleep(engine, arm_spec.startup_timeout_s))
+                self._launched.append(current)
+        except SleepModeRefused as exc:
+            self.stop()
+            return str(exc)
+        except BaseException:
+            self.stop()
+            raise
+        return None
+
+    def run_rounds(self, rounds: Sequence[Sequence[TrialSpec]], *, keep: bool = False) -> PairedOutcome:
+        """Run `rounds` (`_probe_round`) on the engines, then stop them, unless `keep` and every round ran in full
+        (then they sleep, for more rounds). A sleep or wake-up that fails, or an engine that dies before the last
+        round, ends the pairing: the rounds run in full come back, with the reason. Each round's files are written in
+        its spec's folder."""
+        done: list[tuple[Sequence[TrialSpec], list[_ArmRound]]] = []
+        fallback = None
+        try:
+            for specs in rounds:
+                self.rounds_run += 1
+                number = self.rounds_run
+                arm_rounds = self._launched if number == 1 else [_ArmRound() for _ in specs]
+                self._probe_round(specs, arm_rounds, round_order(len(specs), number))
+                done.append((specs, arm_rounds))
+                dead = [arm for arm, a in enumerate(arm_rounds) if a.failure is not None]
+                if dead and (keep or len(done) < len(rounds)):
+                    failure = arm_rounds[dead[0]].failure
+                    assert failure is not None
+                    fallback = f"engine {dead[0] + 1} died in round {number} ({failure.kind.value})"
+                    break
+        except SleepModeRefused as exc:
+            fallback = str(exc)
+        finally:
+            if not keep or fallback is not None or len(done) < len(rounds):
+                stopped = self.stop()
+                if done:
+                    for arm_round, stop_s in zip(done[-1][1], stopped):
+                        arm_round.teardown_s += stop_s
+        return PairedOutcome(tuple(tuple(_outcome(specs[arm], arm_round, self.engines[arm], self.first[arm],
+                                                  self.hardware) for arm, arm_round in enumerate(arm_rounds))
+                                   for specs, arm_rounds in done), fallback)
+
+    def _probe_round(self, specs: Sequence[TrialSpec], arm_rounds: Sequence[_ArmRound], order: list[int]) -> None:
+        """One round: step by step, each arm whose search asks for another load (and whose engine lives) is probed
+        once, warmed up first, until no search asks for more. The steps take the arms in `order`, then reversed, and
+        so on (A B, B A, A B): the arm that probed last in a step goes first in the next, so the engine awake stays
+        awake, and only every other probe costs a sleep and a wake-up (`_turn`)."""
+        step = 0
+        while True:
+            stepped = False
+            for arm in order if step % 2 == 0 else order[::-1]:
+                spec, current = specs[arm], arm_rounds[arm]
+                if current.failure is not None or spec.load.next_factor(current.runs) is None:
+                    continue
+                stepped = True
+                self._turn(arm, specs, arm_rounds)
+                engine = self.engines[arm]
+                started = time.monotonic()
+                current.runs = run_probes(engine, spec.trace, self.vocab_size, OneStep(spec.load, len(current.runs)),
+                                          seed=spec.seed, request_timeout_s=spec.request_timeout_s,
+                                          stop_rule=spec.stop_rule, verdict_rule=spec.verdict_rule,
+                                          earlier=current.runs)
+                current.replay_s += time.monotonic() - started
+                if died_during(engine, current.runs):
+                    current.failure = engine.failure()
+                    self.awake = None
+            if not stepped:
+                return
+            step += 1
+
+    def _turn(self, arm: int, specs: Sequence[TrialSpec], arm_rounds: Sequence[_ArmRound]) -> None:
+        """Make `arm`'s engine the one awake: the engine awake, if another, put to sleep (its sleep counted in its
+        round, or the next one it probes in where it has none here), then `arm`'s woken."""
+        if self.awake == arm:
+            return
+        if self.awake is not None:
+            other = self.awake
+            arm_rounds[other].slept(put_to_sleep(self.engines[other], specs[other].startup_timeout_s))
+            self.awake = None
+        arm_rounds[arm].startup_s += wake_up(self.engines[arm], specs[arm].startup_timeout_s)
+        self.awake = arm
+
+    @property
+    def configs(self) -> tuple[EngineConfig, ...]:
+        """The arms' configurations, in the arms' order."""
+        return tuple(spec.config for spec in self.first)
+
+    def stop(self) -> list[float]:
+        """Stop every engine (each `RunningEngine.stop` is idempotent); the seconds each took."""
+        return [engine.stop() for engine in self.engines]
 
 
 def run_paired(spec: PairedSpec, *,
                launch: Callable[[TrialSpec], RunningEngine] = launch_with_sleep_mode) -> PairedOutcome:
-    """Launch one engine per arm, each put to sleep before the next starts, then run the rounds (`_probe_round`),
-    and stop every engine on every path, before this returns. A launch, sleep or wake-up that fails ends the pairing:
-    the rounds run in full come back, with the reason. Each round's files are written in its spec's folder."""
-    first = spec.rounds[0]
-    vocab_size = inspect_model(first[0].model).vocab_size
-    hardware = detect_hardware()
-    engines: list[RunningEngine] = []
-    done: list[list[_ArmRound]] = []
-    fallback = None
-    try:
-        launched = []
-        for arm, arm_spec in enumerate(first):
-            current = _ArmRound()
-            try:
-                engine = launch(arm_spec)
-            except EngineLaunchError as exc:
-                asleep = ", ".join(str(k + 1) for k in range(arm))
-                beside = f" while engine{'s' if arm > 1 else ''} {asleep} slept" if arm else ""
-                fallback = (f"engine {arm + 1} of {len(first)} did not start with sleep mode{beside} "
-                            f"({exc.failure.kind.value}: {exc.failure.message})")
-                break
-            engines.append(engine)
-            current.startup_s = engine.startup_s
-            current.teardown_s = put_to_sleep(engine, arm_spec.startup_timeout_s)
-            launched.append(current)
-        for number, specs in enumerate(spec.rounds, start=1):
-            if fallback is not None:
-                break
-            arm_rounds = launched if number == 1 else [_ArmRound() for _ in specs]
-            _probe_round(engines, specs, arm_rounds, round_order(len(specs), number), vocab_size)
-            done.append(arm_rounds)
-            dead = [arm for arm, a in enumerate(arm_rounds) if a.failure is not None]
-            if dead and number < len(spec.rounds):
-                failure = arm_rounds[dead[0]].failure
-                assert failure is not None
-                fallback = f"engine {dead[0] + 1} died in round {number} ({failure.kind.value})"
-    except SleepModeRefused as exc:
-        fallback = str(exc)
-    finally:
-        stopped = [engine.stop() for engine in engines]
-    if done:
-        for arm_round, stop_s in zip(done[-1], stopped):
-            arm_round.teardown_s += stop_s
-    return PairedOutcome(tuple(tuple(_outcome(specs[arm], arm_round, engines[arm], first[arm], hardware)
-                                     for arm, arm_round in enumerate(arm_rounds))
-                               for specs, arm_rounds in zip(spec.rounds, done)), fallback)
-
-
-def _probe_round(engines: Sequence[RunningEngine], specs: Sequence[TrialSpec], arm_rounds: Sequence[_ArmRound],
-                 order: Sequence[int], vocab_size: int) -> None:
-    """One round: step by step, each arm in `order` whose search asks for another load (and whose engine lives) is
-    woken, warmed up and probed once, and put back to sleep, until no search asks for more."""
-    while True:
-        stepped = False
-        for arm in order:
-            engine, spec, current = engines[arm], specs[arm], arm_rounds[arm]
-            if current.failure is not None or spec.load.next_factor(current.runs) is None:
-                continue
-            stepped = True
-            current.startup_s += wake_up(engine, spec.startup_timeout_s)
-            started = time.monotonic()
-            current.runs = run_probes(engine, spec.trace, vocab_size, OneStep(spec.load, len(current.runs)),
-                                      seed=spec.seed, request_timeout_s=spec.request_timeout_s,
-                                      stop_rule=spec.stop_rule, verdict_rule=spec.verdict_rule, earlier=current.runs)
-            current.replay_s += time.monotonic() - started
-            if died_during(engine, current.runs):
-                current.failure = engine.failure()
-                continue
-            current.teardown_s += put_to_sleep(engine, spec.startup_timeout_s)
-        if not stepped:
-            return
+    """Launch one engine per arm (`EnginePair.start`), run the rounds, and stop every engine on every path, before
+    this returns. A launch, sleep or wake-up that fails ends the pairing: the rounds run in full come back, with the
+    reason. Each round's files are written in its spec's folder."""
+    pair = EnginePair(spec.rounds[0], launch)
+    fallback = pair.start()
+    if fallback is not None:
+        return PairedOutcome((), fallback)
+    return pair.run_rounds(spec.rounds)
 
 
 def _outcome(spec: TrialSpec, arm_round: _ArmRound, engine: RunningEngine, first: TrialSpec,
@@ -277,7 +347,7 @@ def _outcome(spec: TrialSpec, arm_round: _ArmRound, engine: RunningEngine, first
     if spec.out_dir != first.out_dir and log.exists():
         shutil.copyfile(log, spec.out_dir / "server.log")
     timings = TrialTimings(arm_round.startup_s, arm_round.replay_s, arm_round.teardown_s,
-                           compile_cache_state(read_log(log)))
+                           compile_cache_state(read_log(log)), arm_round.sleep_s)
     record = trial_record(spec, hardware, arm_round.started_at, timings, runs=arm_round.runs,
                           failure=arm_round.failure, argv=engine.argv)
     outcome = TrialOutcome(record, arm_round.runs, engine.launched_at)

@@ -29,7 +29,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from tuner.common.errors import TunerError
 from tuner.workers.cpu_engine import cpu_engine_env, usable_cores
-from tuner.workers.paired import PairedSpec, run_paired
+from tuner.workers.paired import EnginePair, PairedOutcome, PairedSpec
 from tuner.workers.probe_log import PROBE_LOG
 from tuner.workers.trial import ARTIFACTS, TrialOutcome, TrialSpec, run_trial
 
@@ -75,14 +75,21 @@ def _staging_dir(out_dir: Path) -> Path:
     return STAGING / out_dir.relative_to(out_dir.anchor)
 
 
-def _take_files(folder: Path) -> dict[str, bytes]:
-    """The trial's files in staging `folder`, which is then deleted with the folders above it left empty."""
+def _take_files(folder: Path, clear: bool = True) -> dict[str, bytes]:
+    """The trial's files in staging `folder`, which is then deleted with the folders above it left empty (unless not
+    `clear`: an engine held for more rounds still writes its log there)."""
     files = {name: (folder / name).read_bytes() for name in (*ARTIFACTS, PROBE_LOG) if (folder / name).exists()}
+    if clear:
+        _clear_staging(folder)
+    return files
+
+
+def _clear_staging(folder: Path) -> None:
+    """Delete staging `folder`, and the folders above it left empty."""
     shutil.rmtree(folder, ignore_errors=True)
     with contextlib.suppress(OSError):  # stops at the first one not empty
         for parent in folder.relative_to(STAGING).parents[:-1]:
             (STAGING / parent).rmdir()
-    return files
 
 
 @ray.remote(num_cpus=0)
@@ -106,6 +113,7 @@ class TrialWorker:
         self.slot = slot
         self.env = _cpu_share_env(slot.cpu_share) if slot.cpu_share and slot.cpu_share[1] > 1 else {}
         self.on_driver_node = self.node_id() == driver_node
+        self._pair: EnginePair | None = None  # engines held between paired calls (`run_paired` with keep)
 
     def node_id(self) -> str:
         """The Ray node id this actor runs on."""
@@ -116,9 +124,9 @@ class TrialWorker:
         out_dir = spec.out_dir if self.on_driver_node else _staging_dir(spec.out_dir)
         return replace(spec, out_dir=out_dir, env={**spec.env, **self.env})
 
-    def _files(self, spec: TrialSpec) -> dict[str, bytes]:
+    def _files(self, spec: TrialSpec, clear: bool = True) -> dict[str, bytes]:
         """The files of placed `spec` for the driver: none on its node (they are in place)."""
-        return {} if self.on_driver_node else _take_files(spec.out_dir)
+        return {} if self.on_driver_node else _take_files(spec.out_dir, clear)
 
     def run(self, spec: TrialSpec) -> WorkerResult:
         """Run `spec` on this slot (on its share of the CPU) and return the outcome; off the driver's node the trial
@@ -130,18 +138,43 @@ class TrialWorker:
             files = self._files(placed)
         return WorkerResult(outcome, files, platform.node(), self.slot.index)
 
-    def run_paired(self, spec: PairedSpec) -> PairedResult:
-        """Run the paired validation `spec` on this slot (`run_paired`), each round's files as `run` has a trial's."""
+    def run_paired(self, spec: PairedSpec, keep: bool = False) -> PairedResult:
+        """Run the rounds of `spec` paired on this slot (`EnginePair`): on the engines this actor holds from an earlier
+        call (launched for the same configurations), else on engines launched from its first round; each round's
+        files as `run` has a trial's. With `keep`, the engines are held for the next call where every round ran."""
         placed = PairedSpec(tuple(tuple(self._placed(s) for s in specs) for specs in spec.rounds))
+        pair, self._pair = self._pair, None
+        outcome = PairedOutcome((), None)
         try:
-            outcome = run_paired(placed)
+            if pair is None:
+                pair = EnginePair(placed.rounds[0])
+                outcome = PairedOutcome((), pair.start())
+            elif pair.configs != tuple(s.config for s in placed.rounds[0]):
+                pair.stop()
+                outcome = PairedOutcome((), "the engines held were launched for other configurations")
+            if outcome.fallback is None:
+                outcome = pair.run_rounds(placed.rounds, keep=keep)
+                if keep and outcome.fallback is None:
+                    self._pair = pair
         finally:
-            files = [[self._files(s) for s in specs] for specs in placed.rounds]
+            files = [[self._files(s, clear=self._pair is None) for s in specs] for specs in placed.rounds]
+            if self._pair is None and pair is not None and not self.on_driver_node:
+                for first in pair.first:  # the held engines' logs, left in staging while they ran
+                    _clear_staging(first.out_dir)
         node = platform.node()
         rounds = tuple(tuple(WorkerResult(arm_outcome, arm_files, node, self.slot.index)
                              for arm_outcome, arm_files in zip(round_outcomes, round_files))
                        for round_outcomes, round_files in zip(outcome.rounds, files))
         return PairedResult(rounds, outcome.fallback)
+
+    def release_pair(self) -> None:
+        """Stop the engines held from a paired call, if any."""
+        pair, self._pair = self._pair, None
+        if pair is not None:
+            pair.stop()
+            if not self.on_driver_node:
+                for first in pair.first:
+                    _clear_staging(first.out_dir)
 
 
 def connect_ray(address: str | None, num_cpus: int | None, num_gpus: int | None = None) -> bool:
@@ -217,14 +250,15 @@ class WorkerPool:
         return self._actors[slot].run.remote(spec)
 
     def run_paired(self, slot: int, spec: PairedSpec, stop_reason: Callable[[], str | None],
-                   poll_s: float) -> PairedResult | str:
-        """Run the paired validation `spec` on the slot's actor (its folders made absolute) and wait for it, asking
-        `stop_reason` every `poll_s` seconds: once it gives one, the actor is killed (and every engine with it) and the
-        reason returned. Raises WorkerLost if the actor dies meanwhile."""
+                   poll_s: float, keep: bool = False) -> PairedResult | str:
+        """Run the paired rounds of `spec` on the slot's actor (`TrialWorker.run_paired`, its folders made absolute):
+        on the engines it holds from a call with `keep`, else on new ones; with `keep`, its engines are held for the
+        next call. Waits for it, asking `stop_reason` every `poll_s` seconds: once it gives one, the actor is killed
+        (and every engine with it) and the reason returned. Raises WorkerLost if the actor dies meanwhile."""
         spec = PairedSpec(tuple(tuple(replace(s, out_dir=s.out_dir.absolute()) for s in specs)
                                 for specs in spec.rounds))
         self._out_dirs[slot] = spec.rounds[0][0].out_dir
-        ref = self._actors[slot].run_paired.remote(spec)
+        ref = self._actors[slot].run_paired.remote(spec, keep)
         while True:
             ready, _ = ray.wait([ref], timeout=poll_s)
             if ready:
@@ -233,6 +267,13 @@ class WorkerPool:
             if reason is not None:
                 self.kill_worker(slot)
                 return reason
+
+    def release_pair(self, slot: int) -> None:
+        """Stop the engines the slot's actor holds (`run_paired` with keep); where it does not answer, kill it."""
+        try:
+            ray.get(self._actors[slot].release_pair.remote(), timeout=BRING_BACK_TIMEOUT_S)
+        except RayError:
+            self.kill_worker(slot)
 
     def bring_back_files(self, slot: int) -> None:
         """Into the driver's trial folder, what the slot's last trial left on its worker's node, once that worker
