@@ -36,7 +36,8 @@ case $gpu in
   *) name=h200-llama8b-prod scale=${RATE_SCALE:-5} ;;
 esac
 model=/tmp/models/llama-3.1-8b
-case $phase in budget*) name=${name%-prod}-fp8-budget ;; esac
+# STUDY: another name for the budget study (a new occasion's own, beside the records of earlier ones).
+case $phase in budget*) name=${STUDY:-${name%-prod}-fp8-budget} ;; esac
 # These go on with a study carried from an earlier machine: without it, a tuner command would create an empty
 # database here, and the carried one would then never be unpacked over it.
 case $phase in budget-rest|budget-aa)
