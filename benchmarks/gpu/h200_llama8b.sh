@@ -14,6 +14,7 @@
 #   bash benchmarks/gpu/h200_llama8b.sh budget     # issue 36: the same workload, the derived space with FP8
 #                                                  # allowed, one run within BUDGET (default 20m) of GPU time,
 #                                                  # validation included, in the background; then waits
+#                                                  # (PROBE_REQUESTS, PROBE_SECONDS: shorter probes than 300, 8 s)
 #   bash benchmarks/gpu/h200_llama8b.sh budget-rest  # the budget study carried in .gpu-state/: TRIALS (default 1)
 #                                                  # more trials, then the validation, unbudgeted, in the background
 #   bash benchmarks/gpu/h200_llama8b.sh budget-aa  # the budget study carried in .gpu-state/: an A/A check of vLLM's
@@ -64,7 +65,8 @@ case $phase in
     tuner model arch llama-3.1-8b "$model"
     tuner study status "$name" > /dev/null 2>&1 ||
       tuner study create "$name" --model "$model" --space auto --allow-fp8 --boundary interactive \
-        --max-requests 300 --rate-scale "$scale" --probe-requests 300 --probe-seconds 8 --probe-budget 5 --precision 0.1 \
+        --max-requests 300 --rate-scale "$scale" --probe-requests "${PROBE_REQUESTS:-300}" \
+        --probe-seconds "${PROBE_SECONDS:-8}" --probe-budget 5 --precision 0.1 \
         --seed 0 --startup-timeout 400 --request-timeout 300 | tee "$out/create.txt"
     detach bash -c "python3 -m tuner study run $name --budget ${BUDGET:-20m} --json > $out/run-budget.json \
       2> $out/run-budget.log"
