@@ -212,7 +212,7 @@ def test_trial_with_requests_and_failure_round_trips(repo):
     [back] = repo.trials("s1")
     assert back == trial and back.id == trial_id
     assert back.timings.to_dict() == {"startup_s": 12.5, "replay_s": 3.0, "teardown_s": 0.5,
-                                       "compile_cache": "unused", "total_s": 16.0}
+                                       "compile_cache": "unused", "sleep_s": 0.0, "total_s": 16.0}
     assert repo.requests("s1", 3) == requests
     assert repo.requests("s1", 3)[-1].outcome == "not_sent"
     failure = {"trial_number": back.trial_number, "attempt": back.attempt, "failure_class": back.failure_class,
