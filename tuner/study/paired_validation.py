@@ -23,7 +23,8 @@ from tuner.common.hardware import detect_hardware
 from tuner.storage import TrialState
 from tuner.study.attrs import BASELINE_ATTR, VALIDATION_ATTR
 from tuner.study.budget import RunBudget
-from tuner.study.events import STOP_POLL_S, PoolReady, RunEvent, RunReport, TrialSummary
+from tuner.study.events import STOP_POLL_S, BudgetPlanned, PoolReady, RunEvent, RunReport, TrialSummary
+from tuner.study.launch_time import RunClock
 from tuner.study.launches import TrialLaunches
 from tuner.study.ledger import InFlight, TrialLedger
 from tuner.study.open_study import OpenStudy, mark_of
@@ -71,12 +72,20 @@ class HeldPair:
             self.close()
 
 
-def pair_opens(opened: OpenStudy, budget: RunBudget | None, n_trials: int | None, slots: list[Slot],
-               pairs: Pairing) -> bool:
+def held_for(held: HeldPair | None, arm_trials: list[int | None], paired: bool) -> HeldPair | None:
+    """`held` where its engines are those of a paired validation of these arms' trials (`HeldPair.serves`); else
+    None, and `held`, if any, closed."""
+    if held is not None and not (paired and held.serves(arm_trials)):
+        held.close()
+        return None
+    return held
+
+
+def pair_opens(opened: OpenStudy, clock: RunClock, budget: RunBudget, n_trials: int | None, slots: list[Slot]) -> bool:
     """Whether a run opens with its queued pair (`open_pair`): under a budget that keeps time for a validation of two
-    configurations that pairs (`pairs`), on one GPU slot, where the queue begins with vLLM's default and one more
-    configuration queued before the search, neither run before."""
-    if budget is None or not budget.validation_launches or budget.validation_arms != 2 or not pairs.paired:
+    configurations that pairs here (`RunClock.pairs`), on one GPU slot, where the queue begins with vLLM's default
+    and one more configuration queued before the search, neither run before."""
+    if not budget.validation_launches or budget.validation_arms != 2 or not clock.pairs(2, budget.pairing).paired:
         return False
     if (n_trials is not None and n_trials < 2) or len(slots) != 1 or not slots[0].gpus:
         return False
@@ -133,6 +142,37 @@ def open_pair(launches: TrialLaunches, pool: WorkerPool, slot: Slot,
     opening.trials += [ledger.finish(job, arm) for (job, _), arm in zip(jobs, result.rounds[0])]
     opening.held = result.fallback is None
     return opening
+
+
+# What a trial's end counts against a run's trials when it was not measured: none of these uses one up.
+NOT_MEASURED = (TrialState.STOPPED, TrialState.WORKER_LOST, TrialState.INFEASIBLE)
+
+
+def run_opening(launches: TrialLaunches, clock: RunClock, recorder: RunRecorder, emit: Callable[[RunEvent], None],
+                pool: WorkerPool, stack: contextlib.ExitStack, budget: RunBudget, n_trials: int | None,
+                stop_reason: Callable[[], str | None],
+                report: RunReport) -> tuple[int, list[tuple[InFlight, TrialSpec]], HeldPair | None]:
+    """A run's opening pair (`open_pair`), into `report`: the trials it counts against `n_trials`, the launches left
+    to run unpaired, and, where the budget then leaves no search trial (`RunClock.budget_stop`), its engines held
+    for the validation, the pool taken out of `stack`; elsewhere they are stopped."""
+    slot = pool.slots[0]
+    opening = open_pair(launches, pool, slot, stop_reason)
+    report.trials += opening.trials
+    report.stopped_early = opening.stopped_early
+    for summary in opening.trials:
+        recorder.record(trial=summary.number)
+    measured = sum(t.state not in NOT_MEASURED for t in opening.trials)
+    if measured:  # the plan, now from what the pair took
+        report.plan = clock.budget_plan(budget, n_trials and n_trials - measured)
+        emit(BudgetPlanned(report.plan))
+    held = None
+    if opening.held:
+        if (short := clock.budget_stop(budget)) is not None:
+            report.stopped_early = short
+            held = HeldPair(pool, slot, (opening.trials[0].number, opening.trials[1].number), stack.pop_all())
+        else:
+            pool.release_pair(slot.index)
+    return measured + len(opening.unpaired), opening.unpaired, held
 
 
 @contextlib.contextmanager

@@ -19,7 +19,7 @@ from sqlalchemy.exc import OperationalError
 
 from tuner.common.errors import TunerError
 from tuner.common.hardware import detect_hardware
-from tuner.storage import DatabaseUnreachable, TrialState
+from tuner.storage import DatabaseUnreachable, StoredTrial, TrialState
 from tuner.study.budget import RunBudget
 from tuner.study.events import (BUDGET_END, NO_TIME_LEFT, STOP_POLL_S, WINDOW_END, BudgetPlanned, PoolReady, RunEvent,
                                 RunReport, TrialSummary, WorkerDone)
@@ -27,19 +27,16 @@ from tuner.study.launch_time import RunClock
 from tuner.study.launches import TrialLaunches
 from tuner.study.ledger import InFlight, TrialLedger
 from tuner.study.open_study import OpenStudy
-from tuner.study.paired_validation import HeldPair, open_pair, pair_opens, validate_paired
+from tuner.study.paired_validation import HeldPair, held_for, pair_opens, run_opening, validate_paired
 from tuner.study.plan import StoragePlan
 from tuner.study.recommendation import validation_terms
 from tuner.study.run_record import RunRecorder
 from tuner.validation import Arm, Validation, interleaved, unstarted, validations
 from tuner.workers.pool import WorkerLost, WorkerPool, WorkerResult
-from tuner.workers.trial import TrialSpec
 
 # Proposals rejected before launch cost no trial of a run's budget, up to this many in a row (a space whose
 # rules reject almost everything must still end).
 MAX_REJECTED_IN_A_ROW = 20
-# What a trial's end counts against a run's trials when it was not measured: none of these uses one up.
-NOT_MEASURED = (TrialState.STOPPED, TrialState.WORKER_LOST, TrialState.INFEASIBLE)
 
 
 def _stops_when_the_database_is_lost(run: Callable) -> Callable:
@@ -86,6 +83,19 @@ def _stop_in_flight(ledger: TrialLedger, pool: WorkerPool, in_flight: dict[ray.O
             del in_flight[ref]
 
 
+def _validation_arms(opened: OpenStudy, trials: list[StoredTrial], top: int, against_itself: bool) -> list[Arm]:
+    """vLLM's default and the `top` finalists (`OpenStudy.finalists`), or the default twice (an A/A check).
+    NothingToValidate where no configuration other than the default is a candidate."""
+    if against_itself:
+        return [Arm(0, None), Arm(1, None)]
+    arms = [Arm(0, None), *(Arm(i, number) for i, number in enumerate(opened.finalists(trials, top), start=1))]
+    if len(arms) == 1:
+        raise NothingToValidate(f"study {opened.settings.name} has no feasible configuration other than vLLM's "
+                                f"default to validate, nor, when none is feasible, one that carried some load within "
+                                f"the boundary: keep the default")
+    return arms
+
+
 class StudyRunner:
     """Runs a stored study's trials on Ray workers, `parallel` at a time: ask, launch and measure on a slot,
     score, store, tell, and ask again as soon as a slot frees; then, if asked, its validation."""
@@ -104,8 +114,7 @@ class StudyRunner:
         self._held: HeldPair | None = None  # the opening pair's engines, kept for the validation
 
     def close(self) -> None:
-        """Stop the engines and pool a run kept for its validation (`open_pair`), if the validation did not take
-        them."""
+        """Stop the engines and pool a run kept for a validation (`run_opening`) that did not take them."""
         held, self._held = self._held, None
         if held is not None:
             held.close()
@@ -158,10 +167,10 @@ class StudyRunner:
             in_flight: dict[ray.ObjectRef, InFlight] = {}
             begun = rejected = 0
             try:
-                if pair_opens(self.opened, budget, n_trials, pool.slots,
-                              self.clock.pairs(2, budget is not None and budget.pairing)):
-                    assert budget is not None
-                    begun, unpaired = self._open_paired(pool, stack, budget, n_trials, stop_at, report)
+                if budget is not None and pair_opens(self.opened, self.clock, budget, n_trials, pool.slots):
+                    begun, unpaired, self._held = run_opening(
+                        self.launches, self.clock, self.recorder, self._emit, pool, stack, budget, n_trials,
+                        functools.partial(self._stop_or_end, stop_at), report)
                     planned = planned or report.plan is not None
                     for job, spec in unpaired:
                         in_flight[pool.submit(free.pop(0), spec)] = job
@@ -232,68 +241,27 @@ class StudyRunner:
         report.spent = self.recorder.spent()
         return report
 
-    def _open_paired(self, pool: WorkerPool, stack: contextlib.ExitStack, budget: RunBudget, n_trials: int | None,
-                     stop_at: float | None, report: RunReport) -> tuple[int, list[tuple[InFlight, TrialSpec]]]:
-        """Run the queued pair paired (`open_pair`), into `report`: the trials it counts against `n_trials`, and the
-        launches left to run unpaired. Where the budget then leaves no search trial, its engines are held for the
-        validation (`self._held`, the pool taken out of `stack`); else they are stopped."""
-        slot = pool.slots[0]
-        opening = open_pair(self.launches, pool, slot, functools.partial(self._stop_or_end, stop_at))
-        report.trials += opening.trials
-        report.stopped_early = opening.stopped_early
-        for summary in opening.trials:
-            self.recorder.record(trial=summary.number)
-        measured = sum(t.state not in NOT_MEASURED for t in opening.trials)
-        if measured:  # the plan, now from what the pair took
-            report.plan = self.clock.budget_plan(budget, n_trials and n_trials - measured)
-            self._emit(BudgetPlanned(report.plan))
-        if opening.held:
-            if (short := self.clock.budget_stop(budget)) is not None:
-                report.stopped_early = short
-                self._held = HeldPair(pool, slot, (opening.trials[0].number, opening.trials[1].number),
-                                      stack.pop_all())
-            else:
-                pool.release_pair(slot.index)
-        return measured + len(opening.unpaired), opening.unpaired
-
     @_stops_when_the_database_is_lost
     def validate(self, top: int, repeats: int, *, against_itself: bool = False, deadline: float | None = None,
                  stop_at: float | None = None, budget: RunBudget | None = None,
                  paired: bool = True) -> tuple[Validation, RunReport]:
-        """Launch vLLM's default configuration and the `top` best candidate search trials' configurations (or, with
-        `against_itself`, the default twice: an A/A check) `repeats` times each, round by round, each launch a
-        trial marked as a validation launch; then judge them. Raises NothingToValidate when no configuration
-        other than the default is a candidate (`candidates`). `deadline` and `stop_at` bound it as they bound `run`;
-        under a budget, a validation whose launches cannot all end before the budget's end is not begun. Where the
-        platform offers it (`pairing`) and `paired` allows, the rounds run paired on one GPU instead
-        (`validate_paired`); the verdict says how the launches ran (`Validation.design`)."""
+        """Launch the validation's arms (`_validation_arms`) `repeats` times each, round by round, each launch a trial
+        marked as a validation launch; then judge them. `deadline` and `stop_at` bound it as they bound `run`; under a
+        budget, a validation whose launches cannot all end before the budget's end is not begun. Where the platform
+        offers it (`pairing`) and `paired` allows, the rounds run paired on one GPU (`validate_paired`), on the engines
+        the run opened with where they serve (`held_for`); the verdict says how the launches ran."""
         trials = self.opened.trials()
-        arms = [Arm(0, None)]
-        if against_itself:
-            arms.append(Arm(1, None))
-        else:
-            arms += [Arm(i, number) for i, number in enumerate(self.opened.finalists(trials, top), start=1)]
-            if len(arms) == 1:
-                raise NothingToValidate(f"study {self.opened.settings.name} has no feasible configuration other than "
-                                        f"vLLM's default to validate, nor, when none is feasible, one that carried "
-                                        f"some load within the boundary: keep the default")
+        arms = _validation_arms(self.opened, trials, top, against_itself)
         run = max((t.validation.run for t in trials if t.validation is not None), default=0) + 1
-        terms = validation_terms(self.opened.settings)
-        # The engines the search opened with go on where they are this validation's arms.
-        held, self._held = self._held, None
-        if held is not None and not (paired and held.serves([arm.of_trial for arm in arms])):
-            held.close()
-            held = None
-        try:
-            return self._validate(arms, run, terms, repeats, deadline, stop_at, budget, paired, held)
-        finally:
-            if held is not None:
-                held.close()
+        held, self._held = held_for(self._held, [arm.of_trial for arm in arms], paired), None
+        with contextlib.closing(held) if held is not None else contextlib.nullcontext():
+            return self._launch_validation(arms, run, repeats, deadline, stop_at, budget, paired, held)
 
-    def _validate(self, arms: list[Arm], run: int, terms: tuple[bool, float], repeats: int, deadline: float | None,
-                  stop_at: float | None, budget: RunBudget | None, paired: bool,
-                  held: HeldPair | None) -> tuple[Validation, RunReport]:
+    def _launch_validation(self, arms: list[Arm], run: int, repeats: int, deadline: float | None,
+                           stop_at: float | None, budget: RunBudget | None, paired: bool,
+                           held: HeldPair | None) -> tuple[Validation, RunReport]:
         """`validate`'s launches, queued, run and judged: paired on the engines `held` where they serve."""
+        terms = validation_terms(self.opened.settings)
         # Nothing is queued for a validation that cannot start.
         if self.clock.no_time_for_a_trial(deadline, stop_at, validation=True):
             return unstarted(run, repeats, arms, *terms), RunReport(stopped_early=NO_TIME_LEFT)
@@ -321,6 +289,8 @@ class StudyRunner:
                 rest = self.run(left, deadline, stop_at=stop_at, budget=budget)
                 report = dataclasses.replace(rest, trials=report.trials + rest.trials)
         else:
+            if held is not None:  # its engines would keep the GPU the launches need
+                held.close()
             report = self.run(queued + len(marks), deadline, stop_at=stop_at, budget=budget)
         judged = [v for v in validations(self.opened.trials(), *terms) if v.run == run]
         return (dataclasses.replace(judged[0], design=design) if judged
