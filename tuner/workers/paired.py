@@ -326,16 +326,24 @@ class EnginePair:
         return [engine.stop() for engine in self.engines]
 
 
-def run_paired(spec: PairedSpec, *,
-               launch: Callable[[TrialSpec], RunningEngine] = launch_with_sleep_mode) -> PairedOutcome:
-    """Launch one engine per arm (`EnginePair.start`), run the rounds, and stop every engine on every path, before
-    this returns. A launch, sleep or wake-up that fails ends the pairing: the rounds run in full come back, with the
-    reason. Each round's files are written in its spec's folder."""
-    pair = EnginePair(spec.rounds[0], launch)
-    fallback = pair.start()
+def run_paired(spec: PairedSpec, *, launch: Callable[[TrialSpec], RunningEngine] = launch_with_sleep_mode,
+               pair: EnginePair | None = None, keep: bool = False) -> PairedOutcome:
+    """Run the rounds of `spec` paired: on `pair`'s engines (launched for the arms' first round where not yet, by
+    `EnginePair.start`; none launched for other configurations) or on a new pair's; then stop every engine on every
+    path, before this returns, unless `keep` and every round ran (`EnginePair.run_rounds`). A launch, sleep or
+    wake-up that fails ends the pairing: the rounds run in full come back, with the reason. Each round's files are
+    written in its spec's folder."""
+    pair = pair or EnginePair(spec.rounds[0], launch)
+    if not pair.engines:
+        fallback = pair.start()
+    elif pair.configs != tuple(s.config for s in spec.rounds[0]):
+        pair.stop()
+        fallback = "the engines held were launched for other configurations"
+    else:
+        fallback = None
     if fallback is not None:
         return PairedOutcome((), fallback)
-    return pair.run_rounds(spec.rounds)
+    return pair.run_rounds(spec.rounds, keep=keep)
 
 
 def _outcome(spec: TrialSpec, arm_round: _ArmRound, engine: RunningEngine, first: TrialSpec,

@@ -29,7 +29,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from tuner.common.errors import TunerError
 from tuner.workers.cpu_engine import cpu_engine_env, usable_cores
-from tuner.workers.paired import EnginePair, PairedOutcome, PairedSpec
+from tuner.workers.paired import EnginePair, PairedSpec, run_paired
 from tuner.workers.probe_log import PROBE_LOG
 from tuner.workers.trial import ARTIFACTS, TrialOutcome, TrialSpec, run_trial
 
@@ -143,22 +143,14 @@ class TrialWorker:
         call (launched for the same configurations), else on engines launched from its first round; each round's
         files as `run` has a trial's. With `keep`, the engines are held for the next call where every round ran."""
         placed = PairedSpec(tuple(tuple(self._placed(s) for s in specs) for specs in spec.rounds))
-        pair, self._pair = self._pair, None
-        outcome = PairedOutcome((), None)
+        pair, self._pair = self._pair or EnginePair(placed.rounds[0]), None
         try:
-            if pair is None:
-                pair = EnginePair(placed.rounds[0])
-                outcome = PairedOutcome((), pair.start())
-            elif pair.configs != tuple(s.config for s in placed.rounds[0]):
-                pair.stop()
-                outcome = PairedOutcome((), "the engines held were launched for other configurations")
-            if outcome.fallback is None:
-                outcome = pair.run_rounds(placed.rounds, keep=keep)
-                if keep and outcome.fallback is None:
-                    self._pair = pair
+            outcome = run_paired(placed, pair=pair, keep=keep)
+            if keep and outcome.fallback is None:
+                self._pair = pair
         finally:
             files = [[self._files(s, clear=self._pair is None) for s in specs] for specs in placed.rounds]
-            if self._pair is None and pair is not None and not self.on_driver_node:
+            if self._pair is None and not self.on_driver_node:
                 for first in pair.first:  # the held engines' logs, left in staging while they ran
                     _clear_staging(first.out_dir)
         node = platform.node()
